@@ -1,0 +1,622 @@
+//! Payload codec: msgspec-exact encoding and tolerant decoding of `LoadSnapshot` and `LoadStat`.
+//!
+//! Encoding reproduces msgspec 0.22 byte for byte (SGLang 0.5.23's declarations): the snapshot is a
+//! map16 with keys in declaration order, zero ints and unset floats omitted, sections as full
+//! arrays; the stat is the tagged 11-element array. Decoding is tolerant by design, because the
+//! schema grows between engine releases: any map header, unknown keys skipped, missing keys
+//! defaulted, ints accepted where floats are declared, short (older) sections and stats accepted.
+
+use crate::error::DecodeError;
+use crate::msgpack::{Reader, Token, Writer};
+use crate::snapshot::*;
+
+/// A decoded payload of either generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    Snapshot(LoadSnapshot),
+    Stat(LoadStat),
+}
+
+impl Payload {
+    /// The numbers as a snapshot (a stat fills the fields it carries).
+    pub fn into_snapshot(self) -> LoadSnapshot {
+        match self {
+            Payload::Snapshot(s) => s,
+            Payload::Stat(s) => s.to_snapshot(),
+        }
+    }
+}
+
+const STAT_TAG: &str = "LoadStat";
+const STAT_LEN: usize = 11;
+
+/// Appends the msgspec encoding of `s` to `out`.
+pub fn encode_snapshot(s: &LoadSnapshot, out: &mut Vec<u8>) {
+    let header_at = out.len();
+    out.extend_from_slice(&[0xde, 0, 0]);
+    let mut w = Writer { out };
+    let mut count: u16 = 0;
+    for (name, value) in s.core_scalars() {
+        match value {
+            Scalar::Int(0) | Scalar::Float(None) => continue,
+            Scalar::Int(v) => {
+                w.str(name);
+                w.int(v);
+            }
+            Scalar::Float(Some(v)) => {
+                w.str(name);
+                w.float(v);
+            }
+        }
+        count += 1;
+    }
+    if let Some(m) = &s.decode_moments {
+        w.str("decode_moments");
+        w.array_header(m.len());
+        m.iter().for_each(|&v| w.float(v));
+        count += 1;
+    }
+    if let Some(m) = &s.memory {
+        w.str("memory");
+        w.array_header(4);
+        w.float(m.weight_gb);
+        w.float(m.kv_cache_gb);
+        w.float(m.graph_gb);
+        w.int(m.token_capacity);
+        count += 1;
+    }
+    if let Some(m) = &s.speculative {
+        w.str("speculative");
+        w.array_header(2);
+        w.float(m.accept_length);
+        w.float(m.accept_rate);
+        count += 1;
+    }
+    if let Some(m) = &s.lora {
+        w.str("lora");
+        w.array_header(3);
+        w.int(m.slots_used);
+        w.int(m.slots_total);
+        w.float(m.utilization);
+        count += 1;
+    }
+    if let Some(m) = &s.disaggregation {
+        w.str("disaggregation");
+        w.array_header(8);
+        w.str(&m.mode);
+        for v in [
+            m.prefill_bootstrap_queue_reqs,
+            m.prefill_inflight_queue_reqs,
+            m.decode_prealloc_queue_reqs,
+            m.decode_transfer_queue_reqs,
+            m.decode_retracted_queue_reqs,
+        ] {
+            w.int(v);
+        }
+        w.float(m.kv_transfer_speed_gb_s);
+        w.float(m.kv_transfer_latency_ms);
+        count += 1;
+    }
+    if let Some(q) = &s.queues {
+        w.str("queues");
+        w.array_header(5);
+        for v in [
+            q.waiting,
+            q.grammar,
+            q.paused,
+            q.retracted,
+            q.prealloc_ready,
+        ] {
+            w.int(v);
+        }
+        count += 1;
+    }
+    out[header_at + 1..header_at + 3].copy_from_slice(&count.to_be_bytes());
+}
+
+/// Appends the msgspec encoding of `s` (tagged array, always 11 elements) to `out`.
+pub fn encode_stat(s: &LoadStat, out: &mut Vec<u8>) {
+    let mut w = Writer { out };
+    w.array_header(STAT_LEN);
+    w.str(STAT_TAG);
+    w.int(s.num_running_reqs);
+    w.int(s.num_waiting_reqs);
+    w.int(s.num_tokens);
+    w.int(s.max_total_num_tokens);
+    match s.attn_dp_rank {
+        Some(r) => w.int(r),
+        None => w.nil(),
+    }
+    w.int(s.num_waiting_uncached_tokens);
+    w.int(s.num_total_tokens);
+    w.int(s.max_running_requests);
+    w.int(s.total_prefill_uncached_tokens);
+    w.int(s.total_prefill_busy_us);
+}
+
+/// Convenience: the snapshot's bytes in a new buffer.
+pub fn snapshot_bytes(s: &LoadSnapshot) -> Vec<u8> {
+    let mut v = Vec::with_capacity(256);
+    encode_snapshot(s, &mut v);
+    v
+}
+
+/// Convenience: the stat's bytes in a new buffer.
+pub fn stat_bytes(s: &LoadStat) -> Vec<u8> {
+    let mut v = Vec::with_capacity(48);
+    encode_stat(s, &mut v);
+    v
+}
+
+/// Decodes either generation: a map is a snapshot, an array tagged "LoadStat" a stat.
+pub fn decode_payload(buf: &[u8]) -> Result<Payload, DecodeError> {
+    match Reader::new(buf).peek() {
+        Some(0x80..=0x8f | 0xde | 0xdf) => decode_snapshot(buf).map(Payload::Snapshot),
+        Some(0x90..=0x9f | 0xdc | 0xdd) => decode_stat(buf).map(Payload::Stat),
+        Some(_) => {
+            let got = Reader::new(buf)
+                .next()
+                .map(|t| t.kind())
+                .unwrap_or("garbage");
+            Err(DecodeError::UnknownPayload { got })
+        }
+        None => Err(DecodeError::Truncated { at: 0 }),
+    }
+}
+
+fn finish(r: &Reader<'_>) -> Result<(), DecodeError> {
+    match r.remaining() {
+        0 => Ok(()),
+        n => Err(DecodeError::TrailingBytes { trailing: n }),
+    }
+}
+
+fn int(field: &'static str, t: Token<'_>) -> Result<i64, DecodeError> {
+    match t {
+        Token::Int(v) => Ok(v),
+        Token::BigUint(value) => Err(DecodeError::IntOutOfRange { field, value }),
+        other => Err(DecodeError::WrongType {
+            field,
+            expected: "int",
+            got: other.kind(),
+        }),
+    }
+}
+
+fn float(field: &'static str, t: Token<'_>) -> Result<f64, DecodeError> {
+    match t {
+        Token::Float(v) => Ok(v),
+        Token::Int(v) => Ok(v as f64),
+        Token::BigUint(v) => Ok(v as f64),
+        other => Err(DecodeError::WrongType {
+            field,
+            expected: "float",
+            got: other.kind(),
+        }),
+    }
+}
+
+/// Opens a section array (or nil); checks its length and returns it, or `None` for nil.
+fn section(
+    r: &mut Reader<'_>,
+    name: &'static str,
+    min: usize,
+    max: usize,
+) -> Result<Option<usize>, DecodeError> {
+    match r.next()? {
+        Token::Nil => Ok(None),
+        Token::Array(n) if n >= min => Ok(Some(n)),
+        Token::Array(n) => Err(DecodeError::SectionLength {
+            section: name,
+            min,
+            max,
+            got: n,
+        }),
+        other => Err(DecodeError::WrongType {
+            field: name,
+            expected: "array or nil",
+            got: other.kind(),
+        }),
+    }
+}
+
+/// Skips elements past the ones this version knows (newer engines may append).
+fn skip_extra(r: &mut Reader<'_>, n: usize, known: usize) -> Result<(), DecodeError> {
+    for _ in known..n {
+        r.skip()?;
+    }
+    Ok(())
+}
+
+/// Reads the `i`-th of `n` present elements, or the default when the array is shorter.
+fn opt_int(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    i: usize,
+    n: usize,
+) -> Result<i64, DecodeError> {
+    if i < n { int(field, r.next()?) } else { Ok(0) }
+}
+
+fn opt_float(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    i: usize,
+    n: usize,
+) -> Result<f64, DecodeError> {
+    if i < n {
+        float(field, r.next()?)
+    } else {
+        Ok(0.0)
+    }
+}
+
+/// Decodes a generation-A snapshot map (tolerant; see module docs).
+pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
+    let mut r = Reader::new(buf);
+    let n = match r.next()? {
+        Token::Map(n) => n,
+        other => {
+            return Err(DecodeError::WrongType {
+                field: "LoadSnapshot",
+                expected: "map",
+                got: other.kind(),
+            });
+        }
+    };
+    if n > r.remaining() {
+        return Err(DecodeError::Truncated { at: buf.len() });
+    }
+    let mut s = LoadSnapshot::default();
+    for _ in 0..n {
+        let key = match r.next()? {
+            Token::Str(k) => k,
+            _ => {
+                // Not a field of ours: skip its value too.
+                r.skip()?;
+                continue;
+            }
+        };
+        if let Some((name, slot)) = s.core_scalar_mut(key) {
+            let t = r.next()?;
+            match slot {
+                ScalarMut::Int(v) => *v = int(name, t)?,
+                ScalarMut::Float(v) => *v = Some(float(name, t)?),
+            }
+            continue;
+        }
+        match key {
+            b"decode_moments" => s.decode_moments = decode_float_list(&mut r)?,
+            b"memory" => {
+                s.memory = match section(&mut r, "memory", 4, 4)? {
+                    None => None,
+                    Some(n) => {
+                        let m = MemoryMetrics {
+                            weight_gb: float("memory.weight_gb", r.next()?)?,
+                            kv_cache_gb: float("memory.kv_cache_gb", r.next()?)?,
+                            graph_gb: float("memory.graph_gb", r.next()?)?,
+                            token_capacity: int("memory.token_capacity", r.next()?)?,
+                        };
+                        skip_extra(&mut r, n, 4)?;
+                        Some(m)
+                    }
+                }
+            }
+            b"speculative" => {
+                s.speculative = match section(&mut r, "speculative", 2, 2)? {
+                    None => None,
+                    Some(n) => {
+                        let m = SpeculativeMetrics {
+                            accept_length: float("speculative.accept_length", r.next()?)?,
+                            accept_rate: float("speculative.accept_rate", r.next()?)?,
+                        };
+                        skip_extra(&mut r, n, 2)?;
+                        Some(m)
+                    }
+                }
+            }
+            b"lora" => {
+                s.lora = match section(&mut r, "lora", 3, 3)? {
+                    None => None,
+                    Some(n) => {
+                        let m = LoraMetrics {
+                            slots_used: int("lora.slots_used", r.next()?)?,
+                            slots_total: int("lora.slots_total", r.next()?)?,
+                            utilization: float("lora.utilization", r.next()?)?,
+                        };
+                        skip_extra(&mut r, n, 3)?;
+                        Some(m)
+                    }
+                }
+            }
+            b"disaggregation" => {
+                s.disaggregation = match section(&mut r, "disaggregation", 1, 8)? {
+                    None => None,
+                    Some(n) => {
+                        let mode = match r.next()? {
+                            Token::Str(m) => String::from_utf8_lossy(m).into_owned(),
+                            other => {
+                                return Err(DecodeError::WrongType {
+                                    field: "disaggregation.mode",
+                                    expected: "str",
+                                    got: other.kind(),
+                                });
+                            }
+                        };
+                        let m = DisaggregationMetrics {
+                            mode,
+                            prefill_bootstrap_queue_reqs: opt_int(
+                                &mut r,
+                                "disaggregation.prefill_bootstrap_queue_reqs",
+                                1,
+                                n,
+                            )?,
+                            prefill_inflight_queue_reqs: opt_int(
+                                &mut r,
+                                "disaggregation.prefill_inflight_queue_reqs",
+                                2,
+                                n,
+                            )?,
+                            decode_prealloc_queue_reqs: opt_int(
+                                &mut r,
+                                "disaggregation.decode_prealloc_queue_reqs",
+                                3,
+                                n,
+                            )?,
+                            decode_transfer_queue_reqs: opt_int(
+                                &mut r,
+                                "disaggregation.decode_transfer_queue_reqs",
+                                4,
+                                n,
+                            )?,
+                            decode_retracted_queue_reqs: opt_int(
+                                &mut r,
+                                "disaggregation.decode_retracted_queue_reqs",
+                                5,
+                                n,
+                            )?,
+                            kv_transfer_speed_gb_s: opt_float(
+                                &mut r,
+                                "disaggregation.kv_transfer_speed_gb_s",
+                                6,
+                                n,
+                            )?,
+                            kv_transfer_latency_ms: opt_float(
+                                &mut r,
+                                "disaggregation.kv_transfer_latency_ms",
+                                7,
+                                n,
+                            )?,
+                        };
+                        skip_extra(&mut r, n, 8)?;
+                        Some(m)
+                    }
+                }
+            }
+            b"queues" => {
+                s.queues = match section(&mut r, "queues", 4, 5)? {
+                    None => None,
+                    Some(n) => {
+                        let q = QueueMetrics {
+                            waiting: int("queues.waiting", r.next()?)?,
+                            grammar: int("queues.grammar", r.next()?)?,
+                            paused: int("queues.paused", r.next()?)?,
+                            retracted: int("queues.retracted", r.next()?)?,
+                            prealloc_ready: opt_int(&mut r, "queues.prealloc_ready", 4, n)?,
+                        };
+                        skip_extra(&mut r, n, 5)?;
+                        Some(q)
+                    }
+                }
+            }
+            _ => r.skip()?,
+        }
+    }
+    finish(&r)?;
+    Ok(s)
+}
+
+fn decode_float_list(r: &mut Reader<'_>) -> Result<Option<Vec<f64>>, DecodeError> {
+    match r.next()? {
+        Token::Nil => Ok(None),
+        Token::Array(n) => {
+            if n > r.remaining() {
+                return Err(DecodeError::Truncated { at: 0 });
+            }
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push(float("decode_moments", r.next()?)?);
+            }
+            Ok(Some(v))
+        }
+        other => Err(DecodeError::WrongType {
+            field: "decode_moments",
+            expected: "array of floats or nil",
+            got: other.kind(),
+        }),
+    }
+}
+
+/// Decodes a generation-B `LoadStat` (tag + at least 5 fields; extra trailing elements ignored).
+pub fn decode_stat(buf: &[u8]) -> Result<LoadStat, DecodeError> {
+    let mut r = Reader::new(buf);
+    let n = match r.next()? {
+        Token::Array(n) => n,
+        other => {
+            return Err(DecodeError::WrongType {
+                field: "LoadStat",
+                expected: "array",
+                got: other.kind(),
+            });
+        }
+    };
+    if n < 6 {
+        return Err(DecodeError::StatTooShort { got: n });
+    }
+    match r.next()? {
+        Token::Str(t) if t == STAT_TAG.as_bytes() => {}
+        Token::Str(t) => {
+            return Err(DecodeError::UnknownTag {
+                got: String::from_utf8_lossy(t).into_owned(),
+            });
+        }
+        other => {
+            return Err(DecodeError::WrongType {
+                field: "LoadStat tag",
+                expected: "str",
+                got: other.kind(),
+            });
+        }
+    }
+    let mut s = LoadStat {
+        num_running_reqs: int("num_running_reqs", r.next()?)?,
+        num_waiting_reqs: int("num_waiting_reqs", r.next()?)?,
+        num_tokens: int("num_tokens", r.next()?)?,
+        max_total_num_tokens: int("max_total_num_tokens", r.next()?)?,
+        attn_dp_rank: match r.next()? {
+            Token::Nil => None,
+            t => Some(int("attn_dp_rank", t)?),
+        },
+        ..LoadStat::default()
+    };
+    s.num_waiting_uncached_tokens = opt_int(&mut r, "num_waiting_uncached_tokens", 6, n)?;
+    s.num_total_tokens = opt_int(&mut r, "num_total_tokens", 7, n)?;
+    s.max_running_requests = opt_int(&mut r, "max_running_requests", 8, n)?;
+    s.total_prefill_uncached_tokens = opt_int(&mut r, "total_prefill_uncached_tokens", 9, n)?;
+    s.total_prefill_busy_us = opt_int(&mut r, "total_prefill_busy_us", 10, n)?;
+    skip_extra(&mut r, n, STAT_LEN)?;
+    finish(&r)?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    #[test]
+    fn golden_bytes_from_protocol() {
+        assert_eq!(hex(&snapshot_bytes(&LoadSnapshot::default())), "de0000");
+        let s = LoadSnapshot {
+            dp_rank: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            hex(&snapshot_bytes(&s)),
+            format!("de0001a7{}01", hex(b"dp_rank"))
+        );
+        let s = LoadSnapshot {
+            timestamp: Some(1.0),
+            dp_rank: 1,
+            num_running_reqs: 5,
+            ..Default::default()
+        };
+        let want = format!(
+            "de0003a9{}cb3ff0000000000000a7{}01b0{}05",
+            hex(b"timestamp"),
+            hex(b"dp_rank"),
+            hex(b"num_running_reqs")
+        );
+        assert_eq!(hex(&snapshot_bytes(&s)), want);
+        let st = LoadStat {
+            num_running_reqs: 1,
+            num_waiting_reqs: 2,
+            num_tokens: 3,
+            max_total_num_tokens: 4,
+            attn_dp_rank: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(
+            hex(&stat_bytes(&st)),
+            "9ba84c6f616453746174010203040000000000 00".replace(' ', "")
+        );
+    }
+
+    #[test]
+    fn explicit_zero_float_is_written_and_negative_zero_kept() {
+        let s = LoadSnapshot {
+            token_usage: Some(-0.0),
+            ..Default::default()
+        };
+        let b = snapshot_bytes(&s);
+        assert!(hex(&b).ends_with("cb8000000000000000"));
+        let back = decode_snapshot(&b).unwrap();
+        assert_eq!(back.token_usage.unwrap().to_bits(), (-0.0f64).to_bits());
+    }
+
+    #[test]
+    fn tolerant_decoding() {
+        // fixmap with an unknown key, an int for a float, and an old 4-element queue section.
+        let mut b = vec![0x83];
+        b.push(0xa0 | 7);
+        b.extend_from_slice(b"unknown");
+        b.extend_from_slice(&[0x92, 0x01, 0xa1, b'x']);
+        b.push(0xa0 | 11);
+        b.extend_from_slice(b"token_usage");
+        b.push(0x01);
+        b.push(0xa0 | 6);
+        b.extend_from_slice(b"queues");
+        b.extend_from_slice(&[0x94, 1, 2, 3, 4]);
+        let s = decode_snapshot(&b).unwrap();
+        assert_eq!(s.token_usage, Some(1.0));
+        let q = s.queues.unwrap();
+        assert_eq!((q.waiting, q.retracted, q.prealloc_ready), (1, 4, 0));
+    }
+
+    #[test]
+    fn short_and_long_stats() {
+        // 6 elements (tag + #34608's five), then 13 elements with two unknown trailing ones.
+        let short = [
+            0x96, 0xa8, b'L', b'o', b'a', b'd', b'S', b't', b'a', b't', 7, 8, 9, 10, 0xc0,
+        ];
+        let s = decode_stat(&short).unwrap();
+        assert_eq!(
+            (s.num_running_reqs, s.max_total_num_tokens, s.attn_dp_rank),
+            (7, 10, None)
+        );
+        let mut long = stat_bytes(&LoadStat {
+            total_prefill_busy_us: 99,
+            ..Default::default()
+        });
+        long[0] = 0x9d;
+        long.extend_from_slice(&[0x05, 0xa1, b'z']);
+        assert_eq!(decode_stat(&long).unwrap().total_prefill_busy_us, 99);
+        assert!(matches!(
+            decode_stat(&short[..1 + 9 + 3]),
+            Err(DecodeError::StatTooShort { .. }) | Err(DecodeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn typed_errors_name_the_field() {
+        let mut b = vec![0x81, 0xa0 | 16];
+        b.extend_from_slice(b"num_running_reqs");
+        b.extend_from_slice(&[0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0]);
+        let e = decode_snapshot(&b).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "field `num_running_reqs`: expected int, got float"
+        );
+        let mut b = vec![0x81, 0xa0 | 7];
+        b.extend_from_slice(b"dp_rank");
+        b.extend_from_slice(&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(
+            decode_snapshot(&b),
+            Err(DecodeError::IntOutOfRange {
+                field: "dp_rank",
+                ..
+            })
+        ));
+        assert!(matches!(
+            decode_payload(&[0x05]),
+            Err(DecodeError::UnknownPayload { got: "int" })
+        ));
+        assert!(matches!(
+            decode_payload(&[0xde, 0, 0, 0]),
+            Err(DecodeError::TrailingBytes { trailing: 1 })
+        ));
+    }
+}

@@ -1,0 +1,28 @@
+//! `loadlink-wire`: the load-publishing protocol as pure functions and types, shared by the engine
+//! side (publisher) and the router side (subscriber). No I/O, no async runtime, no logging.
+//!
+//! * [`snapshot`] — `LoadSnapshot` (generation A) and `LoadStat` (generation B);
+//! * [`codec`] — msgspec-exact encoding, tolerant decoding, the payload detector;
+//! * [`frame`] — the three-frame message `[topic, i64 BE seq, payload]`;
+//! * [`endpoint`], [`ports`] — tcp endpoint parsing and the one port-range resolver;
+//! * [`descriptor`] — the `/server_info` `kv_events` block, built and parsed;
+//! * [`shm`] — the SLNS v2 slot-file layout;
+//! * [`loads`] — `/v1/loads` JSON and Prometheus rendering.
+
+pub mod codec;
+pub mod descriptor;
+pub mod endpoint;
+pub mod error;
+pub mod frame;
+pub mod loads;
+mod msgpack;
+pub mod ports;
+pub mod shm;
+pub mod snapshot;
+
+pub use codec::{
+    Payload, decode_payload, decode_snapshot, decode_stat, encode_snapshot, encode_stat,
+};
+pub use error::{DecodeError, FrameError};
+pub use ports::{Generation, KvEventsConfig, LoadRange, RangeRequest, resolve_load_range};
+pub use snapshot::{LoadSnapshot, LoadStat};

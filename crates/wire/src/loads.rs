@@ -1,0 +1,305 @@
+//! `/v1/loads` rendering (PROTOCOL.md §7): the JSON document and the Prometheus text form, with
+//! the `include` section filter. Pure: the caller supplies the snapshots and the time.
+
+use crate::snapshot::{LoadSnapshot, Scalar};
+use serde_json::{Map, Value, json};
+use std::fmt::Write;
+
+/// Valid `include` options, in the order error messages list them.
+pub const VALID_SECTIONS: [&str; 7] = ["all", "core", "disagg", "lora", "memory", "queues", "spec"];
+
+/// Which parts of each snapshot to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Include {
+    pub core: bool,
+    pub memory: bool,
+    pub spec: bool,
+    pub lora: bool,
+    pub disagg: bool,
+    pub queues: bool,
+}
+
+impl Include {
+    pub const ALL: Include = Include {
+        core: true,
+        memory: true,
+        spec: true,
+        lora: true,
+        disagg: true,
+        queues: true,
+    };
+
+    /// Parses `include=a,b,...`; absent or empty means all. The core block is always rendered.
+    pub fn parse(param: Option<&str>) -> Result<Self, String> {
+        let Some(param) = param.map(str::trim).filter(|p| !p.is_empty()) else {
+            return Ok(Include::ALL);
+        };
+        let mut inc = Include {
+            core: true,
+            memory: false,
+            spec: false,
+            lora: false,
+            disagg: false,
+            queues: false,
+        };
+        let mut bad = Vec::new();
+        for part in param.split(',').map(str::trim) {
+            match part {
+                "all" => inc = Include::ALL,
+                "core" => {}
+                "memory" => inc.memory = true,
+                "spec" => inc.spec = true,
+                "lora" => inc.lora = true,
+                "disagg" => inc.disagg = true,
+                "queues" => inc.queues = true,
+                other => bad.push(other.to_string()),
+            }
+        }
+        if bad.is_empty() {
+            Ok(inc)
+        } else {
+            Err(format!(
+                "include: invalid section(s) {bad:?}; valid options: {}",
+                VALID_SECTIONS.join(", ")
+            ))
+        }
+    }
+}
+
+fn scalar_json(v: Scalar) -> Value {
+    match v {
+        Scalar::Int(i) => json!(i),
+        Scalar::Float(f) => json!(f.unwrap_or(0.0)),
+    }
+}
+
+/// `(section field name, include flag, [(name, value)])` for every present section.
+fn sections(
+    s: &LoadSnapshot,
+    inc: Include,
+) -> Vec<(&'static str, &'static str, Vec<(&'static str, Value)>)> {
+    let mut out = Vec::new();
+    if let (Some(m), true) = (&s.memory, inc.memory) {
+        out.push((
+            "memory",
+            "memory",
+            vec![
+                ("weight_gb", json!(m.weight_gb)),
+                ("kv_cache_gb", json!(m.kv_cache_gb)),
+                ("graph_gb", json!(m.graph_gb)),
+                ("token_capacity", json!(m.token_capacity)),
+            ],
+        ));
+    }
+    if let (Some(m), true) = (&s.speculative, inc.spec) {
+        out.push((
+            "speculative",
+            "spec",
+            vec![
+                ("accept_length", json!(m.accept_length)),
+                ("accept_rate", json!(m.accept_rate)),
+            ],
+        ));
+    }
+    if let (Some(m), true) = (&s.lora, inc.lora) {
+        out.push((
+            "lora",
+            "lora",
+            vec![
+                ("slots_used", json!(m.slots_used)),
+                ("slots_total", json!(m.slots_total)),
+                ("utilization", json!(m.utilization)),
+            ],
+        ));
+    }
+    if let (Some(m), true) = (&s.disaggregation, inc.disagg) {
+        out.push((
+            "disaggregation",
+            "disagg",
+            vec![
+                ("mode", json!(m.mode)),
+                (
+                    "prefill_bootstrap_queue_reqs",
+                    json!(m.prefill_bootstrap_queue_reqs),
+                ),
+                (
+                    "prefill_inflight_queue_reqs",
+                    json!(m.prefill_inflight_queue_reqs),
+                ),
+                (
+                    "decode_prealloc_queue_reqs",
+                    json!(m.decode_prealloc_queue_reqs),
+                ),
+                (
+                    "decode_transfer_queue_reqs",
+                    json!(m.decode_transfer_queue_reqs),
+                ),
+                (
+                    "decode_retracted_queue_reqs",
+                    json!(m.decode_retracted_queue_reqs),
+                ),
+                ("kv_transfer_speed_gb_s", json!(m.kv_transfer_speed_gb_s)),
+                ("kv_transfer_latency_ms", json!(m.kv_transfer_latency_ms)),
+            ],
+        ));
+    }
+    if let (Some(q), true) = (&s.queues, inc.queues) {
+        out.push((
+            "queues",
+            "queues",
+            vec![
+                ("waiting", json!(q.waiting)),
+                ("grammar", json!(q.grammar)),
+                ("paused", json!(q.paused)),
+                ("retracted", json!(q.retracted)),
+                ("prealloc_ready", json!(q.prealloc_ready)),
+            ],
+        ));
+    }
+    out
+}
+
+/// One rank's dict, as SGLang's `LoadSnapshot.to_dict(include)` shapes it.
+pub fn snapshot_dict(s: &LoadSnapshot, inc: Include) -> Value {
+    let mut m = Map::new();
+    for (name, v) in s.core_scalars() {
+        m.insert(name.into(), scalar_json(v));
+    }
+    m.insert(
+        "decode_moments".into(),
+        s.decode_moments.as_ref().map_or(Value::Null, |d| json!(d)),
+    );
+    for (field, _, kv) in sections(s, inc) {
+        m.insert(
+            field.into(),
+            Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+        );
+    }
+    Value::Object(m)
+}
+
+/// Metadata of the `/v1/loads` document.
+pub struct LoadsMeta<'a> {
+    /// ISO-8601 time of the response.
+    pub timestamp: &'a str,
+    pub version: &'a str,
+    pub accelerator: &'a str,
+    pub num_accelerators: u32,
+}
+
+/// The JSON document.
+pub fn render_json(meta: &LoadsMeta<'_>, loads: &[LoadSnapshot], inc: Include) -> Value {
+    json!({
+        "timestamp": meta.timestamp,
+        "version": meta.version,
+        "accelerator": meta.accelerator,
+        "num_accelerators": meta.num_accelerators,
+        "loads": loads.iter().map(|s| snapshot_dict(s, inc)).collect::<Vec<_>>(),
+    })
+}
+
+/// The Prometheus text form: `sglang_<field>{dp_rank="r"}`, sections as `sglang_<section>_<field>`
+/// (speculative → spec, disaggregation → disagg). Strings and lists are not gauges and are skipped.
+pub fn render_prometheus(loads: &[LoadSnapshot], inc: Include) -> String {
+    let mut series: Vec<(String, Vec<(i64, f64)>)> = Vec::new();
+    let mut add =
+        |name: String, rank: i64, v: f64| match series.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, pts)) => pts.push((rank, v)),
+            None => series.push((name, vec![(rank, v)])),
+        };
+    for s in loads {
+        for (name, v) in s.core_scalars() {
+            add(format!("sglang_{name}"), s.dp_rank, v.as_f64());
+        }
+        for (_, short, kv) in sections(s, inc) {
+            for (k, v) in kv {
+                if let Some(x) = v.as_f64() {
+                    add(format!("sglang_{short}_{k}"), s.dp_rank, x);
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    for (name, pts) in series {
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (rank, v) in pts {
+            let _ = writeln!(out, "{name}{{dp_rank=\"{rank}\"}} {v}");
+        }
+    }
+    out
+}
+
+/// ISO-8601 UTC (`2026-11-30T09:40:44.123Z`) for a Unix time in seconds, without a clock read.
+pub fn iso8601(unix_secs: f64) -> String {
+    let ms = (unix_secs * 1000.0).round() as i64;
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil-from-days (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{QueueMetrics, SpeculativeMetrics};
+
+    #[test]
+    fn include_filter_and_errors() {
+        assert_eq!(Include::parse(None).unwrap(), Include::ALL);
+        let i = Include::parse(Some("core,spec")).unwrap();
+        assert!(i.spec && !i.queues);
+        let e = Include::parse(Some("all,bogus")).unwrap_err();
+        assert!(
+            e.contains("bogus") && e.contains("valid options: all, core"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn json_and_prometheus_shapes() {
+        let s = LoadSnapshot {
+            dp_rank: 1,
+            num_waiting_reqs: 4,
+            token_usage: Some(0.5),
+            speculative: Some(SpeculativeMetrics {
+                accept_length: 2.5,
+                accept_rate: 0.7,
+            }),
+            queues: Some(QueueMetrics {
+                waiting: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let inc = Include::parse(Some("spec")).unwrap();
+        let d = snapshot_dict(&s, inc);
+        assert_eq!(d["num_waiting_reqs"], 4);
+        assert_eq!(d["timestamp"], 0.0);
+        assert_eq!(d["speculative"]["accept_length"], 2.5);
+        assert!(d.get("queues").is_none());
+        let p = render_prometheus(&[s.clone()], Include::ALL);
+        assert!(
+            p.contains("sglang_num_waiting_reqs{dp_rank=\"1\"} 4\n"),
+            "{p}"
+        );
+        assert!(p.contains("sglang_spec_accept_rate{dp_rank=\"1\"} 0.7\n"));
+        assert!(p.contains("sglang_queues_waiting{dp_rank=\"1\"} 4\n"));
+        assert_eq!(p.matches("# TYPE sglang_token_usage gauge").count(), 1);
+        assert_eq!(iso8601(0.0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601(1_796_031_644.5), "2026-11-30T09:40:44.500Z");
+    }
+}
