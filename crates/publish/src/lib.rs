@@ -1,1 +1,19 @@
-pub fn _x() {}
+//! `loadlink-publish`: the engine side. Every scheduler rank collects one `LoadSnapshot` per cycle
+//! and the [`Publisher`] hands it to several [`Sink`]s — the SHM slot file or PUSH socket for
+//! in-engine consumers, and a ZeroMQ PUB socket any number of routers subscribe to.
+//!
+//! See `docs/publisher.md` for embedding, the port footprint and the failure semantics.
+
+pub mod factory;
+pub mod publisher;
+pub mod shm_sink;
+pub mod sink;
+pub mod zmq_sinks;
+
+pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks};
+pub use publisher::{
+    CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,
+};
+pub use shm_sink::{ShmSink, read_slots};
+pub use sink::{Encoded, Sink, SinkError, WriteOutcome};
+pub use zmq_sinks::{PubSink, PushSink};

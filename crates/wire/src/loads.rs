@@ -303,3 +303,134 @@ mod tests {
         assert_eq!(iso8601(1_796_031_644.5), "2026-11-30T09:40:44.500Z");
     }
 }
+
+/// Builds a snapshot from a dict in `to_dict` form (the inverse of [`snapshot_dict`]).
+///
+/// A float key that is present counts as explicitly set (it will be written, even 0.0), matching
+/// msgspec's rule; absent keys keep their defaults. Unknown keys are an error naming the key, so a
+/// typo in a test corpus or a config is caught rather than silently dropped.
+pub fn snapshot_from_dict(v: &Value) -> Result<LoadSnapshot, String> {
+    let obj = v.as_object().ok_or("snapshot: expected a JSON object")?;
+    let mut s = LoadSnapshot::default();
+    let int = |k: &str, v: &Value| {
+        v.as_i64()
+            .ok_or_else(|| format!("{k}: expected an integer, got {v}"))
+    };
+    let float = |k: &str, v: &Value| {
+        v.as_f64()
+            .ok_or_else(|| format!("{k}: expected a number, got {v}"))
+    };
+    let section = |k: &str, v: &Value, names: &[&str]| -> Result<Vec<Value>, String> {
+        let o = v
+            .as_object()
+            .ok_or_else(|| format!("{k}: expected an object"))?;
+        names
+            .iter()
+            .map(|n| {
+                o.get(*n)
+                    .cloned()
+                    .ok_or_else(|| format!("{k}.{n}: missing"))
+            })
+            .collect()
+    };
+    for (key, val) in obj {
+        if val.is_null() {
+            continue;
+        }
+        if let Some((name, slot)) = s.core_scalar_mut(key.as_bytes()) {
+            match slot {
+                crate::snapshot::ScalarMut::Int(x) => *x = int(name, val)?,
+                crate::snapshot::ScalarMut::Float(x) => *x = Some(float(name, val)?),
+            }
+            continue;
+        }
+        match key.as_str() {
+            "decode_moments" => {
+                let a = val
+                    .as_array()
+                    .ok_or("decode_moments: expected a list of numbers")?;
+                s.decode_moments = Some(
+                    a.iter()
+                        .map(|x| float("decode_moments", x))
+                        .collect::<Result<_, _>>()?,
+                );
+            }
+            "memory" => {
+                let f = section(
+                    key,
+                    val,
+                    &["weight_gb", "kv_cache_gb", "graph_gb", "token_capacity"],
+                )?;
+                s.memory = Some(crate::snapshot::MemoryMetrics {
+                    weight_gb: float("memory.weight_gb", &f[0])?,
+                    kv_cache_gb: float("memory.kv_cache_gb", &f[1])?,
+                    graph_gb: float("memory.graph_gb", &f[2])?,
+                    token_capacity: int("memory.token_capacity", &f[3])?,
+                });
+            }
+            "speculative" => {
+                let f = section(key, val, &["accept_length", "accept_rate"])?;
+                s.speculative = Some(crate::snapshot::SpeculativeMetrics {
+                    accept_length: float("speculative.accept_length", &f[0])?,
+                    accept_rate: float("speculative.accept_rate", &f[1])?,
+                });
+            }
+            "lora" => {
+                let f = section(key, val, &["slots_used", "slots_total", "utilization"])?;
+                s.lora = Some(crate::snapshot::LoraMetrics {
+                    slots_used: int("lora.slots_used", &f[0])?,
+                    slots_total: int("lora.slots_total", &f[1])?,
+                    utilization: float("lora.utilization", &f[2])?,
+                });
+            }
+            "disaggregation" => {
+                let names = [
+                    "mode",
+                    "prefill_bootstrap_queue_reqs",
+                    "prefill_inflight_queue_reqs",
+                    "decode_prealloc_queue_reqs",
+                    "decode_transfer_queue_reqs",
+                    "decode_retracted_queue_reqs",
+                    "kv_transfer_speed_gb_s",
+                    "kv_transfer_latency_ms",
+                ];
+                let f = section(key, val, &names)?;
+                s.disaggregation = Some(crate::snapshot::DisaggregationMetrics {
+                    mode: f[0]
+                        .as_str()
+                        .ok_or("disaggregation.mode: expected a string")?
+                        .to_string(),
+                    prefill_bootstrap_queue_reqs: int(names[1], &f[1])?,
+                    prefill_inflight_queue_reqs: int(names[2], &f[2])?,
+                    decode_prealloc_queue_reqs: int(names[3], &f[3])?,
+                    decode_transfer_queue_reqs: int(names[4], &f[4])?,
+                    decode_retracted_queue_reqs: int(names[5], &f[5])?,
+                    kv_transfer_speed_gb_s: float(names[6], &f[6])?,
+                    kv_transfer_latency_ms: float(names[7], &f[7])?,
+                });
+            }
+            "queues" => {
+                let f = section(
+                    key,
+                    val,
+                    &[
+                        "waiting",
+                        "grammar",
+                        "paused",
+                        "retracted",
+                        "prealloc_ready",
+                    ],
+                )?;
+                s.queues = Some(crate::snapshot::QueueMetrics {
+                    waiting: int("queues.waiting", &f[0])?,
+                    grammar: int("queues.grammar", &f[1])?,
+                    paused: int("queues.paused", &f[2])?,
+                    retracted: int("queues.retracted", &f[3])?,
+                    prealloc_ready: int("queues.prealloc_ready", &f[4])?,
+                });
+            }
+            other => return Err(format!("snapshot: unknown field {other:?}")),
+        }
+    }
+    Ok(s)
+}
