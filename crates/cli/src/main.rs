@@ -1,1 +1,41 @@
-fn main() {}
+//! The `loadlink` binary: flag parsing only; the work lives in the library crates.
+
+mod publish_cmd;
+mod wire_cmd;
+
+use clap::{Parser, Subcommand};
+
+/// loadlink: LLM engines publish their real queue depth; routers route on it.
+#[derive(Parser)]
+#[command(name = "loadlink", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a load publisher for one or more ranks with a synthetic, changing load (for trying a
+    /// router or `wire listen` against real sockets without an engine).
+    Publish(publish_cmd::PublishArgs),
+    /// Protocol tools: encode/decode payloads, resolve port ranges, read/write SHM slot files,
+    /// listen to a load socket. JSON in and out, one item per line.
+    #[command(subcommand)]
+    Wire(wire_cmd::WireCommand),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Publish(a) => publish_cmd::run(a),
+        Command::Wire(c) => wire_cmd::run(c),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

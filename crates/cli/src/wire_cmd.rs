@@ -1,0 +1,222 @@
+//! `loadlink wire …`: the protocol as command-line tools. The interop harness drives these to
+//! compare loadlink with the real SGLang modules, and operators can use them to inspect sockets.
+
+use anyhow::{Context, Result, bail};
+use clap::{Subcommand, ValueEnum};
+use loadlink_wire::codec::{decode_payload, snapshot_bytes, stat_bytes};
+use loadlink_wire::loads::{Include, snapshot_dict, snapshot_from_dict};
+use loadlink_wire::{Generation, KvEventsConfig, LoadStat, Payload, RangeRequest, resolve_load_range};
+use serde_json::{Value, json};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Kind {
+    Snapshot,
+    Stat,
+}
+
+#[derive(Subcommand)]
+pub enum WireCommand {
+    /// Read JSON objects (one per line) from stdin, print their msgpack bytes as hex.
+    Encode {
+        /// `snapshot`: a `to_dict`-shaped object (present floats count as explicitly set);
+        /// `stat`: an object with LoadStat's field names.
+        #[arg(long, value_enum, default_value = "snapshot")]
+        kind: Kind,
+    },
+    /// Read hex payloads (one per line) from stdin, print each decoded as JSON (or {"error": …}).
+    Decode,
+    /// Read resolver requests as JSON lines ({kv_endpoint, replay_endpoint, dp_size,
+    /// load_publish_endpoint, generation}) and print the decision for each.
+    Resolve,
+    /// Write one snapshot (JSON on stdin) into rank's slot of an SLNS slot file.
+    ShmWrite {
+        path: PathBuf,
+        #[arg(long)]
+        dp_size: u16,
+        #[arg(long)]
+        rank: u32,
+    },
+    /// Print every rank's slot of an SLNS slot file as JSON lines (null for an empty slot).
+    ShmRead { path: PathBuf },
+    /// Subscribe to a load socket and print each message as a JSON line.
+    Listen {
+        /// tcp://HOST:PORT of the publisher.
+        endpoint: String,
+        /// Stop after this many messages (0: never).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+        /// Stop after this many seconds (0: never).
+        #[arg(long, default_value_t = 0.0)]
+        timeout: f64,
+    },
+}
+
+pub fn run(cmd: WireCommand) -> Result<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    match cmd {
+        WireCommand::Encode { kind } => {
+            for line in stdin.lock().lines() {
+                let line = line?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let v: Value = serde_json::from_str(&line).context("input line is not JSON")?;
+                let bytes = match kind {
+                    Kind::Snapshot => snapshot_bytes(&snapshot_from_dict(&v).map_err(anyhow::Error::msg)?),
+                    Kind::Stat => stat_bytes(&stat_from_json(&v)?),
+                };
+                writeln!(out, "{}", hex(&bytes))?;
+            }
+        }
+        WireCommand::Decode => {
+            for line in stdin.lock().lines() {
+                let line = line?;
+                let v = match unhex(line.trim()) {
+                    Err(e) => json!({ "error": e }),
+                    Ok(b) => match decode_payload(&b) {
+                        Ok(p) => payload_json(&p),
+                        Err(e) => json!({ "error": e.to_string() }),
+                    },
+                };
+                writeln!(out, "{v}")?;
+            }
+        }
+        WireCommand::Resolve => {
+            for line in stdin.lock().lines() {
+                let line = line?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let v: Value = serde_json::from_str(&line).context("input line is not JSON")?;
+                writeln!(out, "{}", resolve_json(&v)?)?;
+            }
+        }
+        WireCommand::ShmWrite { path, dp_size, rank } => {
+            let mut input = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
+            let snap = snapshot_from_dict(&serde_json::from_str(&input)?).map_err(anyhow::Error::msg)?;
+            let mut sink = loadlink_publish::ShmSink::open(&path, dp_size, rank, 1)?;
+            let bytes = snapshot_bytes(&snap);
+            let w = loadlink_publish::Encoded { snapshot: &snap, bytes: &bytes };
+            loadlink_publish::Sink::write(&mut sink, w)?;
+        }
+        WireCommand::ShmRead { path } => {
+            for slot in loadlink_publish::read_slots(&path)? {
+                let v = match slot {
+                    None => Value::Null,
+                    Some(b) => match decode_payload(&b) {
+                        Ok(p) => payload_json(&p),
+                        Err(e) => json!({ "error": e.to_string() }),
+                    },
+                };
+                writeln!(out, "{v}")?;
+            }
+        }
+        WireCommand::Listen { endpoint, count, timeout } => listen(&endpoint, count, timeout, &mut out)?,
+    }
+    Ok(())
+}
+
+fn listen(endpoint: &str, count: u64, timeout: f64, out: &mut impl Write) -> Result<()> {
+    let ctx = zmq::Context::new();
+    let sub = ctx.socket(zmq::SUB)?;
+    sub.set_ipv6(endpoint.contains('['))?;
+    sub.set_subscribe(b"")?;
+    sub.set_rcvtimeo(100)?;
+    sub.connect(endpoint).with_context(|| format!("connecting to {endpoint}"))?;
+    let deadline = (timeout > 0.0).then(|| Instant::now() + Duration::from_secs_f64(timeout));
+    let mut seen = 0;
+    while count == 0 || seen < count {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let frames = match sub.recv_multipart(0) {
+            Ok(f) => f,
+            Err(zmq::Error::EAGAIN) => continue,
+            Err(e) => bail!("receiving from {endpoint}: {e}"),
+        };
+        let line = match loadlink_wire::frame::decode_frames(&frames) {
+            Ok(m) => json!({ "topic": String::from_utf8_lossy(&frames[0]), "seq": m.seq, "payload": payload_json(&m.payload) }),
+            Err(e) => json!({ "error": e.to_string(), "reason": e.reason() }),
+        };
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        seen += 1;
+    }
+    Ok(())
+}
+
+fn payload_json(p: &Payload) -> Value {
+    match p {
+        Payload::Snapshot(s) => json!({ "type": "LoadSnapshot", "value": snapshot_dict(s, Include::ALL) }),
+        Payload::Stat(s) => json!({ "type": "LoadStat", "value": {
+            "num_running_reqs": s.num_running_reqs, "num_waiting_reqs": s.num_waiting_reqs,
+            "num_tokens": s.num_tokens, "max_total_num_tokens": s.max_total_num_tokens,
+            "attn_dp_rank": s.attn_dp_rank, "num_waiting_uncached_tokens": s.num_waiting_uncached_tokens,
+            "num_total_tokens": s.num_total_tokens, "max_running_requests": s.max_running_requests,
+            "total_prefill_uncached_tokens": s.total_prefill_uncached_tokens,
+            "total_prefill_busy_us": s.total_prefill_busy_us,
+        }}),
+    }
+}
+
+fn stat_from_json(v: &Value) -> Result<LoadStat> {
+    let f = |k: &str| -> Result<i64> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(0),
+            Some(x) => x.as_i64().with_context(|| format!("{k}: expected an integer")),
+        }
+    };
+    Ok(LoadStat {
+        num_running_reqs: f("num_running_reqs")?,
+        num_waiting_reqs: f("num_waiting_reqs")?,
+        num_tokens: f("num_tokens")?,
+        max_total_num_tokens: f("max_total_num_tokens")?,
+        attn_dp_rank: v.get("attn_dp_rank").and_then(Value::as_i64),
+        num_waiting_uncached_tokens: f("num_waiting_uncached_tokens")?,
+        num_total_tokens: f("num_total_tokens")?,
+        max_running_requests: f("max_running_requests")?,
+        total_prefill_uncached_tokens: f("total_prefill_uncached_tokens")?,
+        total_prefill_busy_us: f("total_prefill_busy_us")?,
+    })
+}
+
+fn resolve_json(v: &Value) -> Result<Value> {
+    let s = |k: &str| v.get(k).and_then(Value::as_str);
+    let kv = s("kv_endpoint").map(|e| KvEventsConfig {
+        publisher: "zmq".into(),
+        endpoint: e.into(),
+        replay_endpoint: s("replay_endpoint").map(Into::into),
+        ..Default::default()
+    });
+    let generation = Generation::parse(s("generation").unwrap_or("snapshot")).map_err(anyhow::Error::msg)?;
+    let dp_size = v.get("dp_size").and_then(Value::as_u64).context("dp_size: expected a non-negative integer")?;
+    let r = resolve_load_range(RangeRequest {
+        kv: kv.as_ref(),
+        dp_size: u32::try_from(dp_size).unwrap_or(u32::MAX),
+        load_publish_endpoint: s("load_publish_endpoint"),
+        generation,
+    });
+    Ok(match r {
+        Ok(r) => json!({ "host": r.host, "base": r.base }),
+        Err(d) => json!({ "declined": true, "reason": d.reason }),
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> std::result::Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 {
+        return Err(format!("hex input has odd length {}", s.len()));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| format!("not hex at {i}")))
+        .collect()
+}
