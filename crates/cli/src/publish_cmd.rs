@@ -11,7 +11,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 #[derive(Args)]
 pub struct PublishArgs {
     /// SGLang-style KV-events config JSON; the load range derives from its endpoint.
-    #[arg(long, default_value = r#"{"publisher":"zmq","endpoint":"tcp://*:5557"}"#)]
+    #[arg(
+        long,
+        default_value = r#"{"publisher":"zmq","endpoint":"tcp://*:5557"}"#
+    )]
     kv_events_config: String,
     /// off | auto | tcp://*:PORT. Unset: generation A is on (auto), generation B is off.
     #[arg(long)]
@@ -43,7 +46,10 @@ pub fn run(a: PublishArgs) -> Result<()> {
         publish_interval: a.publish_interval,
         dp_size: a.dp_size,
         generation: a.generation,
-        internal: a.shm_path.clone().map_or(InternalSink::None, InternalSink::Shm),
+        internal: a
+            .shm_path
+            .clone()
+            .map_or(InternalSink::None, InternalSink::Shm),
     };
     settings.kv_config().map_err(anyhow::Error::msg)?;
     let ctx = zmq::Context::new();
@@ -65,7 +71,11 @@ pub fn run(a: PublishArgs) -> Result<()> {
                     let t = start.elapsed().as_secs_f64();
                     let waiting = ((t * 0.7 + rank as f64).sin() * 8.0 + 8.0) as i64;
                     Ok(LoadSnapshot {
-                        timestamp: Some(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())),
+                        timestamp: Some(
+                            SystemTime::now()
+                                .duration_since(UNIX_EPOCH)
+                                .map_or(0.0, |d| d.as_secs_f64()),
+                        ),
                         dp_rank: rank as i64,
                         num_running_reqs: 32 + waiting / 2,
                         num_waiting_reqs: waiting,

@@ -5,7 +5,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Subcommand, ValueEnum};
 use loadlink_wire::codec::{decode_payload, snapshot_bytes, stat_bytes};
 use loadlink_wire::loads::{Include, snapshot_dict, snapshot_from_dict};
-use loadlink_wire::{Generation, KvEventsConfig, LoadStat, Payload, RangeRequest, resolve_load_range};
+use loadlink_wire::{
+    Generation, KvEventsConfig, LoadStat, Payload, RangeRequest, resolve_load_range,
+};
 use serde_json::{Value, json};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -66,7 +68,9 @@ pub fn run(cmd: WireCommand) -> Result<()> {
                 }
                 let v: Value = serde_json::from_str(&line).context("input line is not JSON")?;
                 let bytes = match kind {
-                    Kind::Snapshot => snapshot_bytes(&snapshot_from_dict(&v).map_err(anyhow::Error::msg)?),
+                    Kind::Snapshot => {
+                        snapshot_bytes(&snapshot_from_dict(&v).map_err(anyhow::Error::msg)?)
+                    }
                     Kind::Stat => stat_bytes(&stat_from_json(&v)?),
                 };
                 writeln!(out, "{}", hex(&bytes))?;
@@ -95,13 +99,21 @@ pub fn run(cmd: WireCommand) -> Result<()> {
                 writeln!(out, "{}", resolve_json(&v)?)?;
             }
         }
-        WireCommand::ShmWrite { path, dp_size, rank } => {
+        WireCommand::ShmWrite {
+            path,
+            dp_size,
+            rank,
+        } => {
             let mut input = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
-            let snap = snapshot_from_dict(&serde_json::from_str(&input)?).map_err(anyhow::Error::msg)?;
+            let snap =
+                snapshot_from_dict(&serde_json::from_str(&input)?).map_err(anyhow::Error::msg)?;
             let mut sink = loadlink_publish::ShmSink::open(&path, dp_size, rank, 1)?;
             let bytes = snapshot_bytes(&snap);
-            let w = loadlink_publish::Encoded { snapshot: &snap, bytes: &bytes };
+            let w = loadlink_publish::Encoded {
+                snapshot: &snap,
+                bytes: &bytes,
+            };
             loadlink_publish::Sink::write(&mut sink, w)?;
         }
         WireCommand::ShmRead { path } => {
@@ -116,7 +128,11 @@ pub fn run(cmd: WireCommand) -> Result<()> {
                 writeln!(out, "{v}")?;
             }
         }
-        WireCommand::Listen { endpoint, count, timeout } => listen(&endpoint, count, timeout, &mut out)?,
+        WireCommand::Listen {
+            endpoint,
+            count,
+            timeout,
+        } => listen(&endpoint, count, timeout, &mut out)?,
     }
     Ok(())
 }
@@ -127,7 +143,8 @@ fn listen(endpoint: &str, count: u64, timeout: f64, out: &mut impl Write) -> Res
     sub.set_ipv6(endpoint.contains('['))?;
     sub.set_subscribe(b"")?;
     sub.set_rcvtimeo(100)?;
-    sub.connect(endpoint).with_context(|| format!("connecting to {endpoint}"))?;
+    sub.connect(endpoint)
+        .with_context(|| format!("connecting to {endpoint}"))?;
     let deadline = (timeout > 0.0).then(|| Instant::now() + Duration::from_secs_f64(timeout));
     let mut seen = 0;
     while count == 0 || seen < count {
@@ -140,7 +157,9 @@ fn listen(endpoint: &str, count: u64, timeout: f64, out: &mut impl Write) -> Res
             Err(e) => bail!("receiving from {endpoint}: {e}"),
         };
         let line = match loadlink_wire::frame::decode_frames(&frames) {
-            Ok(m) => json!({ "topic": String::from_utf8_lossy(&frames[0]), "seq": m.seq, "payload": payload_json(&m.payload) }),
+            Ok(m) => {
+                json!({ "topic": String::from_utf8_lossy(&frames[0]), "seq": m.seq, "payload": payload_json(&m.payload) })
+            }
             Err(e) => json!({ "error": e.to_string(), "reason": e.reason() }),
         };
         writeln!(out, "{line}")?;
@@ -152,7 +171,9 @@ fn listen(endpoint: &str, count: u64, timeout: f64, out: &mut impl Write) -> Res
 
 fn payload_json(p: &Payload) -> Value {
     match p {
-        Payload::Snapshot(s) => json!({ "type": "LoadSnapshot", "value": snapshot_dict(s, Include::ALL) }),
+        Payload::Snapshot(s) => {
+            json!({ "type": "LoadSnapshot", "value": snapshot_dict(s, Include::ALL) })
+        }
         Payload::Stat(s) => json!({ "type": "LoadStat", "value": {
             "num_running_reqs": s.num_running_reqs, "num_waiting_reqs": s.num_waiting_reqs,
             "num_tokens": s.num_tokens, "max_total_num_tokens": s.max_total_num_tokens,
@@ -168,7 +189,9 @@ fn stat_from_json(v: &Value) -> Result<LoadStat> {
     let f = |k: &str| -> Result<i64> {
         match v.get(k) {
             None | Some(Value::Null) => Ok(0),
-            Some(x) => x.as_i64().with_context(|| format!("{k}: expected an integer")),
+            Some(x) => x
+                .as_i64()
+                .with_context(|| format!("{k}: expected an integer")),
         }
     };
     Ok(LoadStat {
@@ -193,8 +216,12 @@ fn resolve_json(v: &Value) -> Result<Value> {
         replay_endpoint: s("replay_endpoint").map(Into::into),
         ..Default::default()
     });
-    let generation = Generation::parse(s("generation").unwrap_or("snapshot")).map_err(anyhow::Error::msg)?;
-    let dp_size = v.get("dp_size").and_then(Value::as_u64).context("dp_size: expected a non-negative integer")?;
+    let generation =
+        Generation::parse(s("generation").unwrap_or("snapshot")).map_err(anyhow::Error::msg)?;
+    let dp_size = v
+        .get("dp_size")
+        .and_then(Value::as_u64)
+        .context("dp_size: expected a non-negative integer")?;
     let r = resolve_load_range(RangeRequest {
         kv: kv.as_ref(),
         dp_size: u32::try_from(dp_size).unwrap_or(u32::MAX),

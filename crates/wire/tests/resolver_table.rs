@@ -7,7 +7,10 @@ use serde_json::Value;
 
 #[test]
 fn generation_a_follows_the_protocol_rule_on_every_row() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/interop/resolver_cases.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/interop/resolver_cases.json"
+    );
     let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert!(rows.len() >= 60);
     let mut wrong = Vec::new();
@@ -26,10 +29,20 @@ fn generation_a_follows_the_protocol_rule_on_every_row() {
             generation: Generation::Snapshot,
         });
         let got = got.ok().map(|r| (r.host, r.base as u64));
-        let want = row["expect_a"].as_object().map(|o| (o["host"].as_str().unwrap().to_string(), o["base"].as_u64().unwrap()));
+        let want = row["expect_a"].as_object().map(|o| {
+            (
+                o["host"].as_str().unwrap().to_string(),
+                o["base"].as_u64().unwrap(),
+            )
+        });
         if got != want {
             wrong.push(format!("{row}: got {got:?}, want {want:?}"));
         }
     }
-    assert!(wrong.is_empty(), "{} rows wrong:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} rows wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }
