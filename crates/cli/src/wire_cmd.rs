@@ -239,7 +239,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> std::result::Result<Vec<u8>, String> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("hex input has odd length {}", s.len()));
     }
     (0..s.len())

@@ -44,7 +44,7 @@ impl FailureThrottle {
     /// Records a failure; returns the episode's count when this one should be reported.
     pub fn failed(&mut self) -> Option<u64> {
         self.count += 1;
-        (self.count == 1 || self.count % self.every == 0).then_some(self.count)
+        (self.count == 1 || self.count.is_multiple_of(self.every)).then_some(self.count)
     }
 
     /// A success ends the episode.

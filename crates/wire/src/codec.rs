@@ -7,10 +7,14 @@
 //! defaulted, ints accepted where floats are declared, short (older) sections and stats accepted.
 
 use crate::error::DecodeError;
+use crate::msgpack::key_block;
 use crate::msgpack::{Reader, Token, Writer};
 use crate::snapshot::*;
+use crate::snapshot::{CORE_KEY_BLOCKS, CORE_SCALARS, core_index};
 
-/// A decoded payload of either generation.
+/// A decoded payload of either generation. (The size difference between the variants is fine:
+/// payloads are decoded one at a time and moved at most once.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {
     Snapshot(LoadSnapshot),
@@ -32,32 +36,33 @@ const STAT_LEN: usize = 11;
 
 /// Appends the msgspec encoding of `s` to `out`.
 pub fn encode_snapshot(s: &LoadSnapshot, out: &mut Vec<u8>) {
+    out.reserve(1024);
     let header_at = out.len();
     out.extend_from_slice(&[0xde, 0, 0]);
     let mut w = Writer { out };
     let mut count: u16 = 0;
-    for (name, value) in s.core_scalars() {
+    for ((_, value), key) in s.core_scalars().into_iter().zip(&CORE_KEY_BLOCKS) {
         match value {
             Scalar::Int(0) | Scalar::Float(None) => continue,
             Scalar::Int(v) => {
-                w.str(name);
+                w.key(key);
                 w.int(v);
             }
             Scalar::Float(Some(v)) => {
-                w.str(name);
+                w.key(key);
                 w.float(v);
             }
         }
         count += 1;
     }
     if let Some(m) = &s.decode_moments {
-        w.str("decode_moments");
+        w.key(&const { key_block("decode_moments") });
         w.array_header(m.len());
         m.iter().for_each(|&v| w.float(v));
         count += 1;
     }
     if let Some(m) = &s.memory {
-        w.str("memory");
+        w.key(&const { key_block("memory") });
         w.array_header(4);
         w.float(m.weight_gb);
         w.float(m.kv_cache_gb);
@@ -66,14 +71,14 @@ pub fn encode_snapshot(s: &LoadSnapshot, out: &mut Vec<u8>) {
         count += 1;
     }
     if let Some(m) = &s.speculative {
-        w.str("speculative");
+        w.key(&const { key_block("speculative") });
         w.array_header(2);
         w.float(m.accept_length);
         w.float(m.accept_rate);
         count += 1;
     }
     if let Some(m) = &s.lora {
-        w.str("lora");
+        w.key(&const { key_block("lora") });
         w.array_header(3);
         w.int(m.slots_used);
         w.int(m.slots_total);
@@ -81,7 +86,7 @@ pub fn encode_snapshot(s: &LoadSnapshot, out: &mut Vec<u8>) {
         count += 1;
     }
     if let Some(m) = &s.disaggregation {
-        w.str("disaggregation");
+        w.key(&const { key_block("disaggregation") });
         w.array_header(8);
         w.str(&m.mode);
         for v in [
@@ -98,7 +103,7 @@ pub fn encode_snapshot(s: &LoadSnapshot, out: &mut Vec<u8>) {
         count += 1;
     }
     if let Some(q) = &s.queues {
-        w.str("queues");
+        w.key(&const { key_block("queues") });
         w.array_header(5);
         for v in [
             q.waiting,
@@ -268,6 +273,7 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
         return Err(DecodeError::Truncated { at: buf.len() });
     }
     let mut s = LoadSnapshot::default();
+    let mut hint = 0;
     for _ in 0..n {
         let key = match r.next()? {
             Token::Str(k) => k,
@@ -277,9 +283,11 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
                 continue;
             }
         };
-        if let Some((name, slot)) = s.core_scalar_mut(key) {
+        if let Some(idx) = core_index(key, hint) {
+            hint = idx + 1;
+            let name = CORE_SCALARS[idx];
             let t = r.next()?;
-            match slot {
+            match s.core_scalar_at(idx).expect("index from CORE_SCALARS") {
                 ScalarMut::Int(v) => *v = int(name, t)?,
                 ScalarMut::Float(v) => *v = Some(float(name, t)?),
             }

@@ -73,11 +73,11 @@ fn scalar_json(v: Scalar) -> Value {
     }
 }
 
-/// `(section field name, include flag, [(name, value)])` for every present section.
-fn sections(
-    s: &LoadSnapshot,
-    inc: Include,
-) -> Vec<(&'static str, &'static str, Vec<(&'static str, Value)>)> {
+/// One rendered section: (field name, include/prometheus name, its fields).
+type Section = (&'static str, &'static str, Vec<(&'static str, Value)>);
+
+/// Every present and included section.
+fn sections(s: &LoadSnapshot, inc: Include) -> Vec<Section> {
     let mut out = Vec::new();
     if let (Some(m), true) = (&s.memory, inc.memory) {
         out.push((
@@ -252,58 +252,6 @@ pub fn iso8601(unix_secs: f64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::snapshot::{QueueMetrics, SpeculativeMetrics};
-
-    #[test]
-    fn include_filter_and_errors() {
-        assert_eq!(Include::parse(None).unwrap(), Include::ALL);
-        let i = Include::parse(Some("core,spec")).unwrap();
-        assert!(i.spec && !i.queues);
-        let e = Include::parse(Some("all,bogus")).unwrap_err();
-        assert!(
-            e.contains("bogus") && e.contains("valid options: all, core"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn json_and_prometheus_shapes() {
-        let s = LoadSnapshot {
-            dp_rank: 1,
-            num_waiting_reqs: 4,
-            token_usage: Some(0.5),
-            speculative: Some(SpeculativeMetrics {
-                accept_length: 2.5,
-                accept_rate: 0.7,
-            }),
-            queues: Some(QueueMetrics {
-                waiting: 4,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let inc = Include::parse(Some("spec")).unwrap();
-        let d = snapshot_dict(&s, inc);
-        assert_eq!(d["num_waiting_reqs"], 4);
-        assert_eq!(d["timestamp"], 0.0);
-        assert_eq!(d["speculative"]["accept_length"], 2.5);
-        assert!(d.get("queues").is_none());
-        let p = render_prometheus(&[s.clone()], Include::ALL);
-        assert!(
-            p.contains("sglang_num_waiting_reqs{dp_rank=\"1\"} 4\n"),
-            "{p}"
-        );
-        assert!(p.contains("sglang_spec_accept_rate{dp_rank=\"1\"} 0.7\n"));
-        assert!(p.contains("sglang_queues_waiting{dp_rank=\"1\"} 4\n"));
-        assert_eq!(p.matches("# TYPE sglang_token_usage gauge").count(), 1);
-        assert_eq!(iso8601(0.0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(iso8601(1_796_031_644.5), "2026-11-30T09:40:44.500Z");
-    }
-}
-
 /// Builds a snapshot from a dict in `to_dict` form (the inverse of [`snapshot_dict`]).
 ///
 /// A float key that is present counts as explicitly set (it will be written, even 0.0), matching
@@ -433,4 +381,56 @@ pub fn snapshot_from_dict(v: &Value) -> Result<LoadSnapshot, String> {
         }
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{QueueMetrics, SpeculativeMetrics};
+
+    #[test]
+    fn include_filter_and_errors() {
+        assert_eq!(Include::parse(None).unwrap(), Include::ALL);
+        let i = Include::parse(Some("core,spec")).unwrap();
+        assert!(i.spec && !i.queues);
+        let e = Include::parse(Some("all,bogus")).unwrap_err();
+        assert!(
+            e.contains("bogus") && e.contains("valid options: all, core"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn json_and_prometheus_shapes() {
+        let s = LoadSnapshot {
+            dp_rank: 1,
+            num_waiting_reqs: 4,
+            token_usage: Some(0.5),
+            speculative: Some(SpeculativeMetrics {
+                accept_length: 2.5,
+                accept_rate: 0.7,
+            }),
+            queues: Some(QueueMetrics {
+                waiting: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let inc = Include::parse(Some("spec")).unwrap();
+        let d = snapshot_dict(&s, inc);
+        assert_eq!(d["num_waiting_reqs"], 4);
+        assert_eq!(d["timestamp"], 0.0);
+        assert_eq!(d["speculative"]["accept_length"], 2.5);
+        assert!(d.get("queues").is_none());
+        let p = render_prometheus(std::slice::from_ref(&s), Include::ALL);
+        assert!(
+            p.contains("sglang_num_waiting_reqs{dp_rank=\"1\"} 4\n"),
+            "{p}"
+        );
+        assert!(p.contains("sglang_spec_accept_rate{dp_rank=\"1\"} 0.7\n"));
+        assert!(p.contains("sglang_queues_waiting{dp_rank=\"1\"} 4\n"));
+        assert_eq!(p.matches("# TYPE sglang_token_usage gauge").count(), 1);
+        assert_eq!(iso8601(0.0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601(1_796_031_644.5), "2026-11-30T09:40:44.500Z");
+    }
 }

@@ -7,6 +7,23 @@
 
 use crate::error::DecodeError;
 
+/// A fixstr-encoded map key padded to 32 bytes.
+pub(crate) type KeyBlock = [u8; 32];
+
+/// Encodes a field name (< 32 bytes) as a fixstr key block at compile time.
+pub(crate) const fn key_block(name: &str) -> KeyBlock {
+    let b = name.as_bytes();
+    assert!(b.len() < 32, "field names are fixstr keys");
+    let mut out = [0u8; 32];
+    out[0] = 0xa0 | b.len() as u8;
+    let mut i = 0;
+    while i < b.len() {
+        out[i + 1] = b[i];
+        i += 1;
+    }
+    out
+}
+
 /// Appends msgspec-shaped MessagePack to a byte buffer.
 pub(crate) struct Writer<'a> {
     pub(crate) out: &'a mut Vec<u8>,
@@ -51,9 +68,20 @@ impl Writer<'_> {
     }
 
     /// Every float is written as float64, as msgspec does for Python floats.
+    #[inline]
     pub(crate) fn float(&mut self, v: f64) {
-        self.out.push(0xcb);
-        self.out.extend_from_slice(&v.to_be_bytes());
+        let b = v.to_be_bytes();
+        self.out
+            .extend_from_slice(&[0xcb, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+    }
+
+    /// A map key prepared by [`key_block`]: copied as one fixed-size block (inlined, no
+    /// `memcpy` call per key), then trimmed to its real length.
+    #[inline]
+    pub(crate) fn key(&mut self, block: &KeyBlock) {
+        let at = self.out.len();
+        self.out.extend_from_slice(block);
+        self.out.truncate(at + 1 + (block[0] & 0x1f) as usize);
     }
 
     pub(crate) fn nil(&mut self) {

@@ -67,6 +67,10 @@ macro_rules! load_snapshot {
             pub queues: Option<QueueMetrics>,
         }
 
+        /// The scalar keys, msgpack-encoded at compile time, in wire order.
+        pub(crate) const CORE_KEY_BLOCKS: [crate::msgpack::KeyBlock; CORE_SCALARS.len()] =
+            [$(crate::msgpack::key_block(stringify!($name))),*];
+
         /// The scalar field names in wire (declaration) order.
         pub const CORE_SCALARS: [&str; load_snapshot!(@count $($name)*)] = [$(stringify!($name)),*];
 
@@ -76,16 +80,31 @@ macro_rules! load_snapshot {
                 [$( (stringify!($name), scalar_val!($kind, self.$name)) ),*]
             }
 
-            pub(crate) fn core_scalar_mut(&mut self, key: &[u8]) -> Option<(&'static str, ScalarMut<'_>)> {
-                $( if key == stringify!($name).as_bytes() {
-                    return Some((stringify!($name), scalar_mut!($kind, &mut self.$name)));
-                } )*
+            /// The `idx`-th core scalar (wire order), for the decoder.
+            pub(crate) fn core_scalar_at(&mut self, idx: usize) -> Option<ScalarMut<'_>> {
+                let mut i = 0usize;
+                $( if idx == i { return Some(scalar_mut!($kind, &mut self.$name)); } i += 1; )*
+                let _ = i;
                 None
+            }
+
+            pub(crate) fn core_scalar_mut(&mut self, key: &[u8]) -> Option<(&'static str, ScalarMut<'_>)> {
+                let idx = core_index(key, 0)?;
+                Some((CORE_SCALARS[idx], self.core_scalar_at(idx)?))
             }
         }
     };
     (@count) => { 0 };
     (@count $head:ident $($tail:ident)*) => { 1 + load_snapshot!(@count $($tail)*) };
+}
+
+/// Index of `key` in [`CORE_SCALARS`], trying `hint` first: msgspec writes keys in declaration
+/// order, so the decoder's next key is almost always the one after the last.
+pub(crate) fn core_index(key: &[u8], hint: usize) -> Option<usize> {
+    if CORE_SCALARS.get(hint).is_some_and(|n| n.as_bytes() == key) {
+        return Some(hint);
+    }
+    CORE_SCALARS.iter().position(|n| n.as_bytes() == key)
 }
 
 load_snapshot! {

@@ -1,7 +1,9 @@
 //! Property tests (10,000 cases each): payloads and frames round-trip, and no decoder panics on
 //! arbitrary or corrupted bytes.
 
-use loadlink_wire::codec::{decode_payload, decode_snapshot, decode_stat, snapshot_bytes, stat_bytes};
+use loadlink_wire::codec::{
+    decode_payload, decode_snapshot, decode_stat, snapshot_bytes, stat_bytes,
+};
 use loadlink_wire::descriptor::parse_server_info;
 use loadlink_wire::frame::{decode_frames, seq_frame};
 use loadlink_wire::shm::{Header, read_slot};
@@ -9,11 +11,24 @@ use loadlink_wire::snapshot::*;
 use proptest::prelude::*;
 
 fn any_int() -> impl Strategy<Value = i64> {
-    prop_oneof![Just(0i64), Just(127), Just(128), Just(65536), Just(i64::MAX), Just(i64::MIN), -40i64..300, any::<i64>()]
+    prop_oneof![
+        Just(0i64),
+        Just(127),
+        Just(128),
+        Just(65536),
+        Just(i64::MAX),
+        Just(i64::MIN),
+        -40i64..300,
+        any::<i64>()
+    ]
 }
 
 fn any_float() -> impl Strategy<Value = f64> {
-    prop_oneof![Just(0.0f64), Just(-0.0), any::<f64>().prop_filter("not NaN", |f| !f.is_nan())]
+    prop_oneof![
+        Just(0.0f64),
+        Just(-0.0),
+        any::<f64>().prop_filter("not NaN", |f| !f.is_nan())
+    ]
 }
 
 fn opt_float() -> impl Strategy<Value = Option<f64>> {
