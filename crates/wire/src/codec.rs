@@ -342,7 +342,10 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
                     None => None,
                     Some(n) => {
                         let mode = match r.next()? {
-                            Token::Str(m) => String::from_utf8_lossy(m).into_owned(),
+                            Token::Str(m) => std::str::from_utf8(m).map_or_else(
+                                |_| String::from_utf8_lossy(m).into_owned(),
+                                str::to_owned,
+                            ),
                             other => {
                                 return Err(DecodeError::WrongType {
                                     field: "disaggregation.mode",

@@ -7,6 +7,26 @@
 
 use crate::error::DecodeError;
 
+/// The reader's own small error (kept small so `Result<Token, _>` stays in registers); converted
+/// into [`DecodeError`] at the codec boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadError {
+    Truncated { at: usize },
+    ReservedByte { at: usize },
+    TooDeep,
+}
+
+impl From<ReadError> for DecodeError {
+    #[cold]
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Truncated { at } => DecodeError::Truncated { at },
+            ReadError::ReservedByte { at } => DecodeError::ReservedByte { at },
+            ReadError::TooDeep => DecodeError::TooDeep,
+        }
+    }
+}
+
 /// A fixstr-encoded map key padded to 32 bytes.
 pub(crate) type KeyBlock = [u8; 32];
 
@@ -167,23 +187,25 @@ impl<'a> Reader<'a> {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    #[inline(always)]
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
         if self.buf.len() - self.pos < n {
-            return Err(DecodeError::Truncated { at: self.pos });
+            return Err(ReadError::Truncated { at: self.pos });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
         Ok(s)
     }
 
-    fn be<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+    #[inline(always)]
+    fn be<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
         let s = self.take(N)?;
         let mut a = [0u8; N];
         a.copy_from_slice(s);
         Ok(a)
     }
 
-    fn len_prefixed(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    fn len_prefixed(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
         self.take(n)
     }
 
@@ -192,12 +214,10 @@ impl<'a> Reader<'a> {
         self.buf.get(self.pos).copied()
     }
 
-    pub(crate) fn next(&mut self) -> Result<Token<'a>, DecodeError> {
+    #[inline(always)]
+    pub(crate) fn next(&mut self) -> Result<Token<'a>, ReadError> {
         let at = self.pos;
-        let b = *self
-            .buf
-            .get(self.pos)
-            .ok_or(DecodeError::Truncated { at })?;
+        let b = *self.buf.get(self.pos).ok_or(ReadError::Truncated { at })?;
         self.pos += 1;
         Ok(match b {
             0x00..=0x7f => Token::Int(b as i64),
@@ -267,18 +287,18 @@ impl<'a> Reader<'a> {
             0xde => Token::Map(u16::from_be_bytes(self.be()?) as usize),
             0xdf => Token::Map(u32::from_be_bytes(self.be()?) as usize),
             0xe0..=0xff => Token::Int(b as i8 as i64),
-            0xc1 => return Err(DecodeError::ReservedByte { at }),
+            0xc1 => return Err(ReadError::ReservedByte { at }),
         })
     }
 
     /// Skips one complete value (containers included) without recursion.
-    pub(crate) fn skip(&mut self) -> Result<(), DecodeError> {
+    pub(crate) fn skip(&mut self) -> Result<(), ReadError> {
         let mut pending: usize = 1;
         let mut walked: usize = 0;
         while pending > 0 {
             walked += 1;
             if walked > MAX_SKIP_ITEMS {
-                return Err(DecodeError::TooDeep);
+                return Err(ReadError::TooDeep);
             }
             pending -= 1;
             match self.next()? {
@@ -288,7 +308,7 @@ impl<'a> Reader<'a> {
             }
             // A container cannot hold more items than bytes remain: fail fast on lies.
             if pending > self.remaining() {
-                return Err(DecodeError::Truncated { at: self.pos });
+                return Err(ReadError::Truncated { at: self.pos });
             }
         }
         Ok(())

@@ -100,11 +100,38 @@ macro_rules! load_snapshot {
 
 /// Index of `key` in [`CORE_SCALARS`], trying `hint` first: msgspec writes keys in declaration
 /// order, so the decoder's next key is almost always the one after the last.
+#[inline]
 pub(crate) fn core_index(key: &[u8], hint: usize) -> Option<usize> {
-    if CORE_SCALARS.get(hint).is_some_and(|n| n.as_bytes() == key) {
+    if CORE_SCALARS
+        .get(hint)
+        .is_some_and(|n| short_eq(n.as_bytes(), key))
+    {
         return Some(hint);
     }
-    CORE_SCALARS.iter().position(|n| n.as_bytes() == key)
+    CORE_SCALARS
+        .iter()
+        .position(|n| short_eq(n.as_bytes(), key))
+}
+
+/// Equality of two short byte strings without a `memcmp` call: field names are under 32 bytes,
+/// so comparing 8-byte words inline beats the call overhead.
+#[inline(always)]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut ca, mut cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        if u64::from_ne_bytes(x.try_into().unwrap_or_default())
+            != u64::from_ne_bytes(y.try_into().unwrap_or_default())
+        {
+            return false;
+        }
+    }
+    ca.remainder()
+        .iter()
+        .zip(cb.remainder())
+        .all(|(x, y)| x == y)
 }
 
 load_snapshot! {
