@@ -1,5 +1,6 @@
 //! The `loadlink` binary: flag parsing only; the work lives in the library crates.
 
+mod engine_cmd;
 mod publish_cmd;
 mod wire_cmd;
 
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a simulated SGLang-compatible engine that publishes its real load.
+    Engine(engine_cmd::EngineArgs),
     /// Run a load publisher for one or more ranks with a synthetic, changing load (for trying a
     /// router or `wire listen` against real sockets without an engine).
     Publish(publish_cmd::PublishArgs),
@@ -33,6 +36,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Engine(a) => engine_cmd::run(a),
         Command::Publish(a) => publish_cmd::run(a),
         Command::Wire(c) => wire_cmd::run(c),
     };

@@ -14,6 +14,6 @@ pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks};
 pub use publisher::{
     CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,
 };
-pub use shm_sink::{ShmSink, read_slots};
+pub use shm_sink::{ShmReader, ShmSink, read_slots};
 pub use sink::{Encoded, Sink, SinkError, WriteOutcome};
 pub use zmq_sinks::{PubSink, PushSink};

@@ -137,15 +137,54 @@ impl Sink for ShmSink {
     }
 }
 
-/// Reads every rank's payload under a shared lock (`None` for an empty slot). Used by in-engine
-/// consumers and tests; the decoding is the caller's.
+/// A reader of the slot file for in-engine consumers (the DP dispatcher, `/v1/loads`): maps the
+/// file once and copies each rank's payload out under a shared `flock`.
+pub struct ShmReader {
+    file: File,
+    map: memmap2::Mmap,
+    header: Header,
+}
+
+impl ShmReader {
+    pub fn open(path: &Path) -> Result<Self, SinkError> {
+        let file = File::open(path)?;
+        let map = {
+            let _lock = FileLock::shared(&file)?;
+            // SAFETY: read-only map; writers only change bytes under the exclusive lock.
+            unsafe { memmap2::Mmap::map(&file)? }
+        };
+        let header = Header::decode(&map)?;
+        Ok(ShmReader { file, map, header })
+    }
+
+    pub fn dp_size(&self) -> u16 {
+        self.header.dp_size
+    }
+
+    /// Every rank's payload (`None` for an empty slot).
+    pub fn read_all(&self) -> Result<Vec<Option<Vec<u8>>>, SinkError> {
+        let _lock = FileLock::shared(&self.file)?;
+        (0..self.header.dp_size as u32)
+            .map(|r| {
+                Ok(
+                    loadlink_wire::shm::read_slot(&self.map[self.header.slot_range(r)?])
+                        .map(<[u8]>::to_vec),
+                )
+            })
+            .collect()
+    }
+
+    /// Every rank's decoded snapshot (`None` for an empty or undecodable slot).
+    pub fn snapshots(&self) -> Result<Vec<Option<LoadSnapshot>>, SinkError> {
+        Ok(self
+            .read_all()?
+            .into_iter()
+            .map(|p| p.and_then(|b| loadlink_wire::decode_snapshot(&b).ok()))
+            .collect())
+    }
+}
+
+/// Reads every rank's payload once (see [`ShmReader`]).
 pub fn read_slots(path: &Path) -> Result<Vec<Option<Vec<u8>>>, SinkError> {
-    let file = File::open(path)?;
-    let _lock = FileLock::shared(&file)?;
-    // SAFETY: read-only map of a file whose writers hold the exclusive lock we are excluding.
-    let map = unsafe { memmap2::Mmap::map(&file)? };
-    let header = Header::decode(&map)?;
-    (0..header.dp_size as u32)
-        .map(|r| Ok(loadlink_wire::shm::read_slot(&map[header.slot_range(r)?]).map(<[u8]>::to_vec)))
-        .collect()
+    ShmReader::open(path)?.read_all()
 }

@@ -1,0 +1,127 @@
+//! `loadlink engine`: flags (SGLang's names where they exist) → `EngineConfig`, then serve until
+//! Ctrl-C or `--duration`.
+
+use anyhow::Result;
+use clap::Args;
+use loadlink_engine::{Engine, EngineConfig, ModelConfig, Timing};
+use loadlink_wire::Generation;
+
+#[derive(Args)]
+pub struct EngineArgs {
+    /// Address to serve HTTP on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// HTTP port (0: pick a free one and print it).
+    #[arg(long, default_value_t = 30000)]
+    port: u16,
+    /// Data-parallel ranks behind this one port (one scheduler thread and one load socket each).
+    #[arg(long, default_value_t = 1)]
+    dp_size: u32,
+    /// Running-batch limit per rank.
+    #[arg(long, default_value_t = 128)]
+    max_running_requests: usize,
+    /// KV pool size per rank, in tokens.
+    #[arg(long, default_value_t = 200_000)]
+    max_total_tokens: u64,
+    /// Prompt tokens prefilled per step at most (longer prompts are chunked).
+    #[arg(long, default_value_t = 8192)]
+    chunked_prefill_size: u64,
+    /// SGLang-style KV-events config JSON, e.g. '{"publisher":"zmq","endpoint":"tcp://*:5557"}'.
+    /// The load range derives from its endpoint; without it the engine publishes no load to routers.
+    #[arg(long)]
+    kv_events_config: Option<String>,
+    /// Router-facing load socket: off | auto | tcp://*:PORT. Unset: on (auto) for the snapshot
+    /// wire, off for loadstat (SGLang 0.5.23's opt-in).
+    #[arg(long)]
+    load_publish_endpoint: Option<String>,
+    /// Publish to each sink every N decode batches (prefill batches and idle heartbeats always publish).
+    #[arg(long, default_value_t = 1)]
+    load_snapshot_publish_interval: u32,
+    /// Wire generation of the load socket: snapshot (full map, empty topic) or loadstat (SGLang 0.5.23).
+    #[arg(long, default_value = "snapshot", value_parser = Generation::parse)]
+    load_wire: Generation,
+    /// Run the timing model this many times faster than real time.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Fraction of a running request's remaining output reserved at admission.
+    #[arg(long, default_value_t = 0.5)]
+    new_token_ratio: f64,
+    /// Step time: fixed cost per step (µs).
+    #[arg(long, default_value_t = Timing::default().base_us)]
+    step_base_us: f64,
+    /// Step time: cost per prefilled token (µs).
+    #[arg(long, default_value_t = Timing::default().per_prefill_token_us)]
+    step_per_prefill_token_us: f64,
+    /// Step time: cost per request in the batch (µs).
+    #[arg(long, default_value_t = Timing::default().per_batch_req_us)]
+    step_per_batch_req_us: f64,
+    /// Step time: cost per KV token in the batch (µs).
+    #[arg(long, default_value_t = Timing::default().per_kv_token_us)]
+    step_per_kv_token_us: f64,
+    /// Largest accepted request body (bytes); larger bodies get 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Model name served in /v1/models and responses.
+    #[arg(long, default_value = "loadlink-sim")]
+    model_name: String,
+    /// Stop after this many seconds (0: until Ctrl-C).
+    #[arg(long, default_value_t = 0.0)]
+    duration: f64,
+}
+
+pub fn run(a: EngineArgs) -> Result<()> {
+    if !(a.time_scale > 0.0) {
+        anyhow::bail!("--time-scale must be > 0, got {}", a.time_scale);
+    }
+    if !(0.0..=1.0).contains(&a.new_token_ratio) {
+        anyhow::bail!(
+            "--new-token-ratio must be within 0..=1, got {}",
+            a.new_token_ratio
+        );
+    }
+    let cfg = EngineConfig {
+        host: a.host,
+        port: a.port,
+        dp_size: a.dp_size,
+        model: ModelConfig {
+            max_running_requests: a.max_running_requests.max(1),
+            max_total_tokens: a.max_total_tokens.max(1),
+            chunked_prefill_size: a.chunked_prefill_size.max(1),
+            new_token_ratio: a.new_token_ratio,
+            timing: Timing {
+                base_us: a.step_base_us,
+                per_prefill_token_us: a.step_per_prefill_token_us,
+                per_batch_req_us: a.step_per_batch_req_us,
+                per_kv_token_us: a.step_per_kv_token_us,
+            },
+        },
+        time_scale: a.time_scale,
+        kv_events_config: a.kv_events_config,
+        load_publish_endpoint: a.load_publish_endpoint,
+        publish_interval: a.load_snapshot_publish_interval,
+        generation: a.load_wire,
+        max_body_bytes: a.max_body_bytes,
+        model_name: a.model_name,
+        page_size: 16,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let engine = Engine::start(cfg).await?;
+        println!("loadlink engine serving on {}", engine.url());
+        let wait = async {
+            if a.duration > 0.0 {
+                tokio::time::sleep(std::time::Duration::from_secs_f64(a.duration)).await;
+            } else {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        };
+        tokio::select! {
+            _ = wait => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        engine.stop().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,257 @@
+//! Request bodies of the OpenAI-compatible and SGLang-native routes, parsed by hand so every
+//! error names the field and the expected form (a 400 a client can act on).
+//!
+//! Token counts: `input_ids` (or a token-id `prompt`) is exact; text is estimated as one token per
+//! 4 characters (rounded up, at least 1), the usual rule of thumb for English BPE tokenizers; chat
+//! adds 3 tokens of template per message. The simulator has no EOS: it generates exactly
+//! `max_tokens` (so `ignore_eos` is accepted and changes nothing).
+
+use serde_json::{Map, Value};
+
+/// Which surface the request came in on (decides the response shape).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Completions,
+    Chat,
+    Generate,
+}
+
+/// A parsed generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenRequest {
+    pub route: Route,
+    pub model: Option<String>,
+    pub prompt_tokens: u64,
+    pub max_tokens: u64,
+    pub stream: bool,
+    /// `stream_options.include_usage` (OpenAI) — usage in the last chunk.
+    pub include_usage: bool,
+}
+
+/// Upper bound on `max_tokens` (a simulator guard against absurd values).
+pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
+
+fn text_tokens(s: &str) -> u64 {
+    (s.chars().count() as u64).div_ceil(4).max(1)
+}
+
+fn obj(body: &[u8]) -> Result<Map<String, Value>, String> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err("body: expected a JSON object".into()),
+        Err(e) => Err(format!("body: not valid JSON ({e})")),
+    }
+}
+
+fn uint(m: &Map<String, Value>, key: &str, default: u64) -> Result<u64, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= MAX_TOKENS_LIMIT => Ok(n),
+            Some(n) => Err(format!(
+                "{key}: {n} exceeds the limit of {MAX_TOKENS_LIMIT}"
+            )),
+            None => Err(format!("{key}: expected a non-negative integer, got {v}")),
+        },
+    }
+}
+
+fn boolean(m: &Map<String, Value>, key: &str) -> Result<bool, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(format!("{key}: expected true or false, got {v}")),
+    }
+}
+
+fn token_ids(key: &str, v: &Value) -> Result<u64, String> {
+    let a = v
+        .as_array()
+        .ok_or_else(|| format!("{key}: expected a list of token ids"))?;
+    if a.iter().any(|x| !x.is_u64()) {
+        return Err(format!(
+            "{key}: expected a list of non-negative integer token ids"
+        ));
+    }
+    Ok((a.len() as u64).max(1))
+}
+
+fn model(m: &Map<String, Value>) -> Result<Option<String>, String> {
+    match m.get("model") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(format!("model: expected a string, got {v}")),
+    }
+}
+
+fn include_usage(m: &Map<String, Value>) -> bool {
+    m.get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// `/v1/completions`: `prompt` (string, list of strings, or token ids) or `input_ids`.
+pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
+    let m = obj(body)?;
+    boolean(&m, "ignore_eos")?;
+    let prompt_tokens = if let Some(ids) = m.get("input_ids") {
+        token_ids("input_ids", ids)?
+    } else {
+        match m.get("prompt") {
+            None | Some(Value::Null) => {
+                return Err(
+                    "prompt: required (a string, a list of strings, or a list of token ids)".into(),
+                );
+            }
+            Some(Value::String(s)) => text_tokens(s),
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) && !a.is_empty() => {
+                a.iter().filter_map(Value::as_str).map(text_tokens).sum()
+            }
+            Some(v @ Value::Array(_)) => token_ids("prompt", v)?,
+            Some(v) => return Err(format!("prompt: expected a string or a list, got {v}")),
+        }
+    };
+    Ok(GenRequest {
+        route: Route::Completions,
+        model: model(&m)?,
+        prompt_tokens,
+        max_tokens: uint(&m, "max_tokens", 16)?,
+        stream: boolean(&m, "stream")?,
+        include_usage: include_usage(&m),
+    })
+}
+
+/// `/v1/chat/completions`: a non-empty `messages` list of `{role, content}`.
+pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
+    let m = obj(body)?;
+    boolean(&m, "ignore_eos")?;
+    let msgs = match m.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err("messages: must not be empty".into()),
+        None | Some(Value::Null) => {
+            return Err("messages: required (a list of {role, content} objects)".into());
+        }
+        Some(v) => return Err(format!("messages: expected a list, got {v}")),
+    };
+    let mut prompt_tokens = 0;
+    for (i, msg) in msgs.iter().enumerate() {
+        let Some(o) = msg.as_object() else {
+            return Err(format!(
+                "messages[{i}]: expected an object with role and content"
+            ));
+        };
+        if !o.get("role").is_some_and(Value::is_string) {
+            return Err(format!("messages[{i}].role: required string"));
+        }
+        prompt_tokens += 3 + match o.get("content") {
+            Some(Value::String(s)) => text_tokens(s),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .map(text_tokens)
+                .sum(),
+            None | Some(Value::Null) => 0,
+            Some(v) => {
+                return Err(format!(
+                    "messages[{i}].content: expected a string or a list of parts, got {v}"
+                ));
+            }
+        };
+    }
+    let max_tokens = match m.get("max_completion_tokens") {
+        Some(v) if !v.is_null() => uint(&m, "max_completion_tokens", 128)?,
+        _ => uint(&m, "max_tokens", 128)?,
+    };
+    Ok(GenRequest {
+        route: Route::Chat,
+        model: model(&m)?,
+        prompt_tokens,
+        max_tokens,
+        stream: boolean(&m, "stream")?,
+        include_usage: include_usage(&m),
+    })
+}
+
+/// `/generate` (SGLang native): `text` or `input_ids`, `sampling_params.max_new_tokens`.
+pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
+    let m = obj(body)?;
+    let prompt_tokens = match (m.get("input_ids"), m.get("text")) {
+        (Some(ids), _) if !ids.is_null() => token_ids("input_ids", ids)?,
+        (_, Some(Value::String(s))) => text_tokens(s),
+        (_, Some(v)) if !v.is_null() => return Err(format!("text: expected a string, got {v}")),
+        _ => return Err("text or input_ids: one is required".into()),
+    };
+    let max_tokens = match m.get("sampling_params") {
+        None | Some(Value::Null) => 128,
+        Some(Value::Object(sp)) => {
+            boolean(sp, "ignore_eos").map_err(|e| format!("sampling_params.{e}"))?;
+            uint(sp, "max_new_tokens", 128).map_err(|e| format!("sampling_params.{e}"))?
+        }
+        Some(v) => return Err(format!("sampling_params: expected an object, got {v}")),
+    };
+    Ok(GenRequest {
+        route: Route::Generate,
+        model: None,
+        prompt_tokens,
+        max_tokens,
+        stream: boolean(&m, "stream")?,
+        include_usage: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_tokens_and_defaults() {
+        let r =
+            parse_completions(br#"{"prompt":"abcdefghi","max_tokens":5,"stream":true}"#).unwrap();
+        assert_eq!((r.prompt_tokens, r.max_tokens, r.stream), (3, 5, true));
+        assert_eq!(
+            parse_completions(br#"{"prompt":[1,2,3,4]}"#)
+                .unwrap()
+                .prompt_tokens,
+            4
+        );
+        assert_eq!(
+            parse_completions(br#"{"prompt":"x","input_ids":[1,2]}"#)
+                .unwrap()
+                .prompt_tokens,
+            2
+        );
+        let c = parse_chat(br#"{"messages":[{"role":"user","content":"abcd"}]}"#).unwrap();
+        assert_eq!((c.prompt_tokens, c.max_tokens), (4, 128));
+        let g = parse_generate(br#"{"text":"abcdefgh","sampling_params":{"max_new_tokens":7}}"#)
+            .unwrap();
+        assert_eq!((g.prompt_tokens, g.max_tokens), (2, 7));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = |r: Result<GenRequest, String>| r.unwrap_err();
+        assert!(e(parse_chat(br#"{"model":"m"}"#)).starts_with("messages: required"));
+        assert!(e(parse_chat(br#"{"messages":[]}"#)).starts_with("messages: must not be empty"));
+        assert!(
+            e(parse_chat(br#"{"messages":[{"content":"x"}]}"#)).starts_with("messages[0].role")
+        );
+        assert!(
+            e(parse_completions(br#"{"prompt":"x","max_tokens":-1}"#))
+                .starts_with("max_tokens: expected a non-negative integer")
+        );
+        assert!(e(parse_completions(b"not json")).starts_with("body: not valid JSON"));
+        assert!(e(parse_completions(br#"[1]"#)).starts_with("body: expected a JSON object"));
+        assert!(e(parse_completions(br#"{"max_tokens":3}"#)).starts_with("prompt: required"));
+        assert!(
+            e(parse_generate(
+                br#"{"text":"x","sampling_params":{"max_new_tokens":"9"}}"#
+            ))
+            .starts_with("sampling_params.max_new_tokens")
+        );
+        assert!(
+            e(parse_completions(br#"{"prompt":"x","stream":"yes"}"#))
+                .starts_with("stream: expected true or false")
+        );
+    }
+}

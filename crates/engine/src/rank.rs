@@ -1,0 +1,161 @@
+//! The real-time driver of one DP rank: a thread that owns the rank's `Scheduler` and `Publisher`.
+//!
+//! Each loop iteration takes new commands, runs one scheduler step, sleeps the step's duration
+//! divided by `time_scale`, then delivers the step's events to the waiting HTTP handlers.
+//! Publication follows SGLang's points: after every prefill batch (forced), after decode batches
+//! (every Nth, by the publisher's interval) and on the idle loop — which blocks on the command
+//! channel for up to [`IDLE_PUBLISH_FLOOR`], so an idle engine publishes a heartbeat instead of
+//! spinning.
+
+use crate::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
+use loadlink_publish::{Publisher, Sink, SinkStats};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// An idle rank wakes (and force-publishes) at most this often.
+pub const IDLE_PUBLISH_FLOOR: Duration = Duration::from_millis(100);
+
+/// What a rank thread accepts.
+pub enum Command {
+    Submit(Submit, UnboundedSender<Event>),
+    Abort(u64),
+    Stop,
+}
+
+/// Handle on a running rank.
+pub struct RankHandle {
+    pub rank: u32,
+    pub commands: Sender<Command>,
+    pub sink_stats: Vec<(&'static str, Arc<SinkStats>)>,
+    pub steps: Arc<AtomicU64>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl RankHandle {
+    /// Stops the thread and waits for it.
+    pub fn stop(&self) {
+        let _ = self.commands.send(Command::Stop);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn wall_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Starts rank `rank` with its sinks (internal first) on its own thread.
+pub fn spawn(
+    rank: u32,
+    cfg: ModelConfig,
+    time_scale: f64,
+    sinks: Vec<Box<dyn Sink>>,
+) -> RankHandle {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let scheduler = Arc::new(Mutex::new(Scheduler::new(cfg)));
+    let start = Instant::now();
+    let scale = if time_scale > 0.0 { time_scale } else { 1.0 };
+    let virtual_now = move || start.elapsed().as_secs_f64() * scale;
+    let source_sched = scheduler.clone();
+    let source = move || {
+        let s = source_sched
+            .lock()
+            .map_err(|_| "scheduler lock poisoned".to_string())?;
+        Ok(s.snapshot(rank, wall_now()))
+    };
+    let publisher = Publisher::new(source, sinks);
+    let sink_stats = publisher.stats();
+    let steps = Arc::new(AtomicU64::new(0));
+    let steps2 = steps.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("rank-{rank}"))
+        .spawn(move || run(rx, scheduler, publisher, scale, virtual_now, steps2))
+        .expect("spawning a rank thread");
+    RankHandle {
+        rank,
+        commands: tx,
+        sink_stats,
+        steps,
+        thread: Mutex::new(Some(thread)),
+    }
+}
+
+fn run<S: loadlink_publish::LoadSource>(
+    rx: Receiver<Command>,
+    sched: Arc<Mutex<Scheduler>>,
+    mut publisher: Publisher<S>,
+    scale: f64,
+    virtual_now: impl Fn() -> f64,
+    steps: Arc<AtomicU64>,
+) {
+    let mut clients: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
+    let mut idle = false;
+    loop {
+        // Idle: block for the next command (bounded, for the heartbeat). Busy: just drain.
+        let first = if idle {
+            match rx.recv_timeout(IDLE_PUBLISH_FLOOR) {
+                Ok(c) => Some(c),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        } else {
+            None
+        };
+        let mut sched_guard = match sched.lock() {
+            Ok(g) => g,
+            Err(_) => return,
+        };
+        for cmd in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
+            match cmd {
+                Command::Submit(s, reply) => {
+                    clients.insert(s.id, reply);
+                    sched_guard.submit(s);
+                }
+                Command::Abort(id) => {
+                    sched_guard.abort(id);
+                    clients.remove(&id);
+                }
+                Command::Stop => {
+                    drop(sched_guard);
+                    publisher.close();
+                    return;
+                }
+            }
+        }
+        let step = sched_guard.step(virtual_now());
+        drop(sched_guard);
+        idle = step.kind == StepKind::Idle;
+        if idle {
+            publisher.publish(true);
+            continue;
+        }
+        steps.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_secs_f64(step.duration / scale));
+        for e in &step.events {
+            let id = match *e {
+                Event::FirstToken { id } | Event::Token { id } | Event::Finished { id, .. } => id,
+            };
+            let gone = clients.get(&id).is_none_or(|c| c.send(*e).is_err());
+            if matches!(e, Event::Finished { .. }) || gone {
+                clients.remove(&id);
+            }
+            if gone && !matches!(e, Event::Finished { .. }) {
+                // The client left without its abort arriving yet: free the KV now.
+                if let Ok(mut s) = sched.lock() {
+                    s.abort(id);
+                }
+            }
+        }
+        publisher.publish(step.kind == StepKind::Prefill);
+    }
+}
