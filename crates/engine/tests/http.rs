@@ -1,0 +1,394 @@
+//! The engine over real HTTP and a real ZMQ SUB on loopback.
+
+use loadlink_engine::{Engine, EngineConfig, ModelConfig};
+use loadlink_wire::LoadSnapshot;
+use loadlink_wire::descriptor::parse_server_info;
+use loadlink_wire::frame::decode_frames;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+fn kv(port: u16) -> Option<String> {
+    Some(format!(
+        r#"{{"publisher":"zmq","endpoint":"tcp://*:{port}"}}"#
+    ))
+}
+
+async fn engine(dp: u32, kv_port: Option<u16>, time_scale: f64) -> Engine {
+    let cfg = EngineConfig {
+        port: 0,
+        dp_size: dp,
+        time_scale,
+        kv_events_config: kv_port.and_then(kv),
+        max_body_bytes: 64 * 1024,
+        model: ModelConfig {
+            max_running_requests: 16,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Engine::start(cfg).await.expect("engine starts")
+}
+
+/// Polls `cond` every 20 ms for up to 15 s.
+async fn wait_for<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
+    what: &str,
+    mut cond: F,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn loads(c: &reqwest::Client, url: &str) -> Vec<Value> {
+    let v: Value = c
+        .get(format!("{url}/v1/loads"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["loads"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_json_and_sse_with_usage() {
+    let e = engine(1, None, 20.0).await;
+    let c = reqwest::Client::new();
+    let cases = [
+        (
+            "/v1/completions",
+            json!({"prompt": "abcdefgh", "max_tokens": 4}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "abcd"}], "max_tokens": 4}),
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}),
+        ),
+    ];
+    for (path, body) in &cases {
+        let v: Value = c
+            .post(format!("{}{path}", e.url()))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let usage = if *path == "/generate" {
+            &v["meta_info"]
+        } else {
+            &v["usage"]
+        };
+        assert_eq!(usage["completion_tokens"], 4, "{path}: {v}");
+        assert_eq!(
+            usage["prompt_tokens"],
+            if *path == "/v1/chat/completions" {
+                4
+            } else {
+                2
+            },
+            "{path}: {v}"
+        );
+
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        sbody["stream_options"] = json!({"include_usage": true});
+        let resp = c
+            .post(format!("{}{path}", e.url()))
+            .json(&sbody)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        let text = resp.text().await.unwrap();
+        let events: Vec<&str> = text.split("\n\n").filter(|s| !s.is_empty()).collect();
+        assert_eq!(*events.last().unwrap(), "data: [DONE]", "{path}");
+        assert_eq!(
+            events.len(),
+            5,
+            "{path}: one event per token, then [DONE]: {text}"
+        );
+        let last: Value =
+            serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).unwrap();
+        if *path == "/generate" {
+            assert_eq!(last["meta_info"]["completion_tokens"], 4);
+        } else {
+            assert_eq!(last["choices"][0]["finish_reason"], "length");
+            assert_eq!(last["usage"]["completion_tokens"], 4);
+        }
+    }
+    let m: Value = c
+        .get(format!("{}/v1/models", e.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["data"][0]["id"], "loadlink-sim");
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bodies_get_clear_errors() {
+    let e = engine(1, None, 20.0).await;
+    let c = reqwest::Client::new();
+    let cases: [(&str, Vec<u8>, u16, &str); 6] = [
+        (
+            "/v1/chat/completions",
+            br#"{"model":"m"}"#.to_vec(),
+            400,
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt":"x","max_tokens":-3}"#.to_vec(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            b"{not json".to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "/generate",
+            br#"{"sampling_params":{}}"#.to_vec(),
+            400,
+            "text or input_ids",
+        ),
+        (
+            "/v1/completions",
+            vec![b' '; 100 * 1024],
+            413,
+            "--max-body-bytes",
+        ),
+        ("/nope", b"{}".to_vec(), 404, "no such route"),
+    ];
+    for (path, body, status, needle) in cases {
+        let r = c
+            .post(format!("{}{path}", e.url()))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{path}");
+        let v: Value = r.json().await.unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{path}: {msg}");
+    }
+    // The engine still serves after bad input.
+    let ok = c
+        .post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"prompt": "x", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    e.stop().await;
+}
+
+fn sub(endpoint: &str) -> zmq::Socket {
+    let ctx = zmq::Context::new();
+    let s = ctx.socket(zmq::SUB).unwrap();
+    s.set_subscribe(b"").unwrap();
+    s.set_rcvtimeo(50).unwrap();
+    s.connect(endpoint).unwrap();
+    s
+}
+
+fn drain(s: &zmq::Socket) -> Vec<LoadSnapshot> {
+    let mut out = Vec::new();
+    while let Ok(f) = s.recv_multipart(0) {
+        if let Ok(m) = decode_frames(&f) {
+            out.push(m.payload.into_snapshot());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads() {
+    let e = engine(1, Some(47100), 1.0).await;
+    let c = reqwest::Client::new();
+    let info = c
+        .get(format!("{}/server_info", e.url()))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let desc = parse_server_info(&info)
+        .unwrap()
+        .expect("kv_events advertised");
+    let eps = desc.load_endpoints("127.0.0.1");
+    assert_eq!(eps.len(), 1);
+    assert_eq!(eps[0].endpoint, "tcp://127.0.0.1:47101");
+    let s = tokio::task::spawn_blocking(move || sub(&eps[0].endpoint))
+        .await
+        .unwrap();
+    // Idle heartbeats arrive (slow joiner: wait for the first one).
+    let s = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && drain(&s).is_empty() {}
+        s
+    })
+    .await
+    .unwrap();
+    // 40 long requests against 16 slots: running fills, the rest wait.
+    let mut tasks = Vec::new();
+    for _ in 0..40 {
+        let c = c.clone();
+        let url = e.url();
+        tasks.push(tokio::spawn(async move {
+            c.post(format!("{url}/v1/completions"))
+                .json(&json!({"prompt": "hello", "max_tokens": 60}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    let (s, peak) = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut peak = (0, 0);
+        while Instant::now() < deadline {
+            for snap in drain(&s) {
+                peak = (
+                    peak.0.max(snap.num_running_reqs),
+                    peak.1.max(snap.num_waiting_reqs),
+                );
+            }
+            if peak.0 == 16 && peak.1 > 0 {
+                break;
+            }
+        }
+        (s, peak)
+    })
+    .await
+    .unwrap();
+    assert_eq!(peak.0, 16, "running fills the batch");
+    assert!(peak.1 >= 20, "the rest wait: {peak:?}");
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    // Load falls back to zero, and /v1/loads serves a snapshot the socket also carried.
+    let (s, last) = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Some(x) = drain(&s).pop() {
+                let idle = x.num_running_reqs == 0 && x.num_waiting_reqs == 0;
+                last = Some(x);
+                if idle {
+                    break;
+                }
+            }
+        }
+        (s, last.unwrap())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            last.num_running_reqs,
+            last.num_waiting_reqs,
+            last.num_used_tokens
+        ),
+        (0, 0, 0)
+    );
+    let http = loads(&c, &e.url()).await;
+    let seen = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drain(&s)
+    })
+    .await
+    .unwrap();
+    let ts = http[0]["timestamp"].as_f64().unwrap();
+    let twin = seen
+        .iter()
+        .chain(std::iter::once(&last))
+        .find(|x| x.timestamp() == ts);
+    let twin = twin
+        .unwrap_or_else(|| panic!("/v1/loads timestamp {ts} not among the published snapshots"));
+    assert_eq!(
+        loadlink_wire::loads::snapshot_dict(twin, loadlink_wire::loads::Include::ALL),
+        http[0]
+    );
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
+    let e = engine(1, None, 1.0).await;
+    let c = reqwest::Client::new();
+    let mut resp = c
+        .post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"prompt": "x".repeat(4000), "max_tokens": 100000, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    wait_for("KV in use", || async {
+        loads(&c, &e.url()).await[0]["num_used_tokens"]
+            .as_i64()
+            .unwrap()
+            > 1000
+    })
+    .await;
+    drop(resp);
+    wait_for("KV freed after the disconnect", || async {
+        let l = loads(&c, &e.url()).await;
+        l[0]["num_used_tokens"] == 0 && l[0]["num_running_reqs"] == 0
+    })
+    .await;
+    assert_eq!(e.open_requests(), 0);
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dp_ranks_share_the_load_through_the_shm_dispatcher() {
+    let e = engine(2, Some(47200), 1.0).await;
+    let c = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (c, url) = (c.clone(), e.url());
+        tasks.push(tokio::spawn(async move {
+            let _ = c
+                .post(format!("{url}/v1/completions"))
+                .json(&json!({"prompt": "hi", "max_tokens": 200}))
+                .send()
+                .await;
+        }));
+    }
+    wait_for("both ranks busy", || async {
+        let l = loads(&c, &e.url()).await;
+        l.len() == 2
+            && l.iter()
+                .all(|r| r["num_running_reqs"].as_i64().unwrap() >= 8)
+    })
+    .await;
+    let l = loads(&c, &e.url()).await;
+    let total: i64 = l
+        .iter()
+        .map(|r| r["num_running_reqs"].as_i64().unwrap() + r["num_waiting_reqs"].as_i64().unwrap())
+        .sum();
+    assert_eq!(total, 20);
+    for t in tasks {
+        t.abort();
+    }
+    e.stop().await;
+}
