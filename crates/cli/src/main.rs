@@ -2,6 +2,7 @@
 
 mod engine_cmd;
 mod publish_cmd;
+mod route_cmd;
 mod wire_cmd;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// Run a simulated SGLang-compatible engine that publishes its real load.
     Engine(engine_cmd::EngineArgs),
+    /// Run the load-aware router in front of one or more engines.
+    Route(route_cmd::RouteArgs),
     /// Run a load publisher for one or more ranks with a synthetic, changing load (for trying a
     /// router or `wire listen` against real sockets without an engine).
     Publish(publish_cmd::PublishArgs),
@@ -38,6 +41,7 @@ fn main() {
     let result = match cli.command {
         Command::Engine(a) => engine_cmd::run(a),
         Command::Publish(a) => publish_cmd::run(a),
+        Command::Route(a) => route_cmd::run(a),
         Command::Wire(c) => wire_cmd::run(c),
     };
     if let Err(e) = result {

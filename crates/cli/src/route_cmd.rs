@@ -1,0 +1,161 @@
+//! `loadlink route`: flags in the style of sglang-router (or a JSON config file) → `RouterConfig`.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use loadlink_router::{LoadSignal, Policy, RouterConfig};
+use serde_json::Value;
+
+#[derive(Args)]
+pub struct RouteArgs {
+    /// Worker base URLs (http://HOST:PORT), space- or comma-separated.
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    worker_urls: Vec<String>,
+    /// round_robin | random | power_of_two | least_load.
+    #[arg(long, default_value = "power_of_two", value_parser = Policy::parse)]
+    policy: Policy,
+    /// engine: price workers on engine-reported queue depth (in-flight fallback when stale or
+    /// absent); inflight: only this router's own in-flight count.
+    #[arg(long, default_value = "engine", value_parser = parse_signal)]
+    load_signal: LoadSignal,
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to serve on (0: pick a free one and print it).
+    #[arg(long, default_value_t = 30080)]
+    port: u16,
+    /// Metrics are served on the main port at /metrics; accepted for sglang-router compatibility.
+    #[arg(long)]
+    prometheus_port: Option<u16>,
+    /// A worker's engine load is used only while every rank's last message is younger than this.
+    #[arg(long, default_value_t = 3000)]
+    freshness_ms: u64,
+    /// Largest accepted request body (bytes); larger ones get 413.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+    /// Retries on another worker after a connect error or 502/503/504 (before any byte is sent).
+    #[arg(long, default_value_t = 2)]
+    max_retries: u32,
+    /// Consecutive failures that open a worker's circuit breaker.
+    #[arg(long, default_value_t = 3)]
+    breaker_threshold: u64,
+    /// How long an open breaker keeps a worker out of rotation (ms).
+    #[arg(long, default_value_t = 5000)]
+    breaker_cooldown_ms: u64,
+    /// Interval of the /health checks (ms).
+    #[arg(long, default_value_t = 5000)]
+    health_interval_ms: u64,
+    /// Bearer token that enables POST/DELETE /workers (the admin API is off without it).
+    #[arg(long, env = "LOADLINK_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// JSON config file with flag names as snake_case keys (worker_urls, policy, load_signal, host,
+    /// port, freshness_ms, max_retries, admin_token); its values override the flags.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Stop after this many seconds (0: until Ctrl-C).
+    #[arg(long, default_value_t = 0.0)]
+    duration: f64,
+}
+
+fn parse_signal(s: &str) -> Result<LoadSignal, String> {
+    match s {
+        "engine" => Ok(LoadSignal::Engine),
+        "inflight" => Ok(LoadSignal::Inflight),
+        o => Err(format!(
+            "unknown load signal {o:?}; expected engine or inflight"
+        )),
+    }
+}
+
+fn apply_file(cfg: &mut RouterConfig, path: &std::path::Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text)
+        .with_context(|| format!("--config {}: not valid JSON", path.display()))?;
+    let obj = v
+        .as_object()
+        .with_context(|| format!("--config {}: expected a JSON object", path.display()))?;
+    for (k, val) in obj {
+        let bad = || anyhow::anyhow!("--config {}: {k}: unexpected value {val}", path.display());
+        match k.as_str() {
+            "worker_urls" => {
+                cfg.worker_urls = val
+                    .as_array()
+                    .ok_or_else(bad)?
+                    .iter()
+                    .map(|u| u.as_str().map(String::from).ok_or_else(bad))
+                    .collect::<Result<_>>()?
+            }
+            "policy" => {
+                cfg.policy =
+                    Policy::parse(val.as_str().ok_or_else(bad)?).map_err(anyhow::Error::msg)?
+            }
+            "load_signal" => {
+                cfg.load_signal =
+                    parse_signal(val.as_str().ok_or_else(bad)?).map_err(anyhow::Error::msg)?
+            }
+            "host" => cfg.host = val.as_str().ok_or_else(bad)?.into(),
+            "port" => {
+                cfg.port = val
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .ok_or_else(bad)?
+            }
+            "freshness_ms" => cfg.freshness_ms = val.as_u64().ok_or_else(bad)?,
+            "max_retries" => {
+                cfg.max_retries = val
+                    .as_u64()
+                    .and_then(|p| u32::try_from(p).ok())
+                    .ok_or_else(bad)?
+            }
+            "admin_token" => cfg.admin_token = Some(val.as_str().ok_or_else(bad)?.into()),
+            other => anyhow::bail!("--config {}: unknown key {other:?}", path.display()),
+        }
+    }
+    Ok(())
+}
+
+pub fn run(a: RouteArgs) -> Result<()> {
+    let mut cfg = RouterConfig {
+        host: a.host,
+        port: a.port,
+        worker_urls: a.worker_urls,
+        policy: a.policy,
+        load_signal: a.load_signal,
+        freshness_ms: a.freshness_ms,
+        max_body_bytes: a.max_body_bytes,
+        max_retries: a.max_retries,
+        breaker_threshold: a.breaker_threshold.max(1),
+        breaker_cooldown_ms: a.breaker_cooldown_ms,
+        health_interval_ms: a.health_interval_ms,
+        admin_token: a.admin_token,
+        ..RouterConfig::default()
+    };
+    if let Some(p) = &a.config {
+        apply_file(&mut cfg, p)?;
+    }
+    if a.prometheus_port.is_some() {
+        eprintln!(
+            "note: --prometheus-port is accepted for compatibility; metrics are at /metrics on --port"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let r = loadlink_router::start(cfg).await?;
+        println!("loadlink router serving on {}", r.url());
+        let wait = async {
+            if a.duration > 0.0 {
+                tokio::time::sleep(std::time::Duration::from_secs_f64(a.duration)).await;
+            } else {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        };
+        tokio::select! {
+            _ = wait => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        r.stop().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,380 @@
+//! The `LoadBook`: the router's one owner of belief about load.
+//!
+//! For worker w with ranks R(w) it merges
+//! * E(w) = Σ ranks (running + waiting) from engine snapshots — valid only if **every** rank's last
+//!   message is younger than the freshness bound;
+//! * D(w) = requests this router dispatched to w after the oldest rank snapshot it combines with;
+//! * F(w) = this router's open in-flight guards on w,
+//!
+//! into `Load(w) = max(F, E + D)` when E is valid, else `F` (source: fallback). Every field is an
+//! atomic, so the request path reads loads without locks or allocation, and a subscriber thread
+//! updates them without blocking it. Engine-reported numbers are clamped to
+//! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound.
+
+use loadlink_wire::LoadSnapshot;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+/// Largest per-rank request count (and 1000× that for tokens) believed from an engine.
+pub const MAX_REPORTED: i64 = 1_000_000;
+
+/// Where a worker's load figure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Engine snapshots (every rank fresh), corrected by recent dispatches.
+    Engine,
+    /// The router's own in-flight count (no range, stale or missing snapshots, or `--load-signal inflight`).
+    Fallback,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Engine => "engine",
+            Source::Fallback => "fallback",
+        }
+    }
+}
+
+/// Which signal policies price workers on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadSignal {
+    /// Engine-reported queue depth, with in-flight fallback (default).
+    #[default]
+    Engine,
+    /// The router's own in-flight count only (the classic behaviour, for comparison).
+    Inflight,
+}
+
+/// A worker's load as a policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    pub requests: i64,
+    pub tokens: i64,
+    pub source: Source,
+    /// Age of the oldest rank snapshot, ms (`u64::MAX` when there is none).
+    pub age_ms: u64,
+}
+
+/// One DP rank's latest report.
+#[derive(Debug, Default)]
+pub struct RankState {
+    /// ms since the book's epoch when the last message arrived; 0 = never.
+    received_ms: AtomicU64,
+    requests: AtomicI64,
+    tokens: AtomicI64,
+    /// The worker's dispatch counter when that message arrived.
+    dispatch_mark: AtomicU64,
+    pub last_seq: AtomicI64,
+    pub messages: AtomicU64,
+    pub gaps: AtomicU64,
+    pub restarts: AtomicU64,
+    pub running: AtomicI64,
+    pub waiting: AtomicI64,
+    /// f64 bits of the KV token usage (0–1).
+    pub token_usage_bits: AtomicU64,
+}
+
+/// Why a worker is on the fallback signal no matter what (shown in `/workers` and metrics).
+pub type FallbackReason = Option<String>;
+
+/// One upstream worker.
+#[derive(Debug)]
+pub struct Worker {
+    pub url: String,
+    pub ranks: Vec<RankState>,
+    /// Set when the worker advertises no load range (or discovery failed); static per worker.
+    pub no_load_reason: FallbackReason,
+    inflight: AtomicI64,
+    dispatched: AtomicU64,
+    pub requests_total: AtomicU64,
+    pub failures_total: AtomicU64,
+    pub healthy: AtomicBool,
+    /// Circuit breaker: consecutive failures and the time (ms since epoch) it reopens for traffic.
+    pub consecutive_failures: AtomicU64,
+    pub open_until_ms: AtomicU64,
+    /// Frames dropped by the subscriber, by [`DROP_REASONS`].
+    pub dropped: [AtomicU64; 4],
+    epoch: Instant,
+}
+
+/// Labels of `Worker::dropped` (the wire crate's `FrameError::reason`).
+pub const DROP_REASONS: [&str; 4] = ["frame_count", "seq_length", "end_marker", "payload"];
+
+impl Worker {
+    pub fn new(
+        url: String,
+        dp_size: usize,
+        no_load_reason: FallbackReason,
+        epoch: Instant,
+    ) -> Self {
+        Worker {
+            url,
+            ranks: (0..dp_size)
+                .map(|_| RankState {
+                    last_seq: AtomicI64::new(-1),
+                    ..Default::default()
+                })
+                .collect(),
+            no_load_reason,
+            inflight: AtomicI64::new(0),
+            dispatched: AtomicU64::new(0),
+            requests_total: AtomicU64::new(0),
+            failures_total: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+            consecutive_failures: AtomicU64::new(0),
+            open_until_ms: AtomicU64::new(0),
+            dropped: Default::default(),
+            epoch,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Counts a dropped frame by its reason label.
+    pub fn drop_frame(&self, reason: &str) {
+        if let Some(i) = DROP_REASONS.iter().position(|r| *r == reason) {
+            self.dropped[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn inflight(&self) -> i64 {
+        self.inflight.load(Relaxed)
+    }
+
+    /// Records one engine message for `rank` with sequence `seq`. Returns what the seq said.
+    pub fn record(&self, rank: usize, seq: i64, snap: &LoadSnapshot) -> SeqEvent {
+        let Some(r) = self.ranks.get(rank) else {
+            return SeqEvent::UnknownRank;
+        };
+        let clamp = |v: i64, max: i64| v.clamp(0, max);
+        let running = clamp(snap.num_running_reqs, MAX_REPORTED);
+        let waiting = clamp(snap.num_waiting_reqs, MAX_REPORTED);
+        let tokens = clamp(
+            snap.num_total_tokens.max(snap.num_used_tokens),
+            MAX_REPORTED * 1000,
+        );
+        r.running.store(running, Relaxed);
+        r.waiting.store(waiting, Relaxed);
+        r.requests.store(running + waiting, Relaxed);
+        r.tokens.store(tokens, Relaxed);
+        let usage = snap.token_usage();
+        r.token_usage_bits.store(
+            if usage.is_finite() {
+                usage.clamp(0.0, 1.0)
+            } else {
+                0.0
+            }
+            .to_bits(),
+            Relaxed,
+        );
+        r.dispatch_mark
+            .store(self.dispatched.load(Relaxed), Relaxed);
+        r.received_ms.store(self.now_ms(), Relaxed);
+        r.messages.fetch_add(1, Relaxed);
+        let prev = r.last_seq.swap(seq, Relaxed);
+        if prev < 0 || seq == prev + 1 {
+            SeqEvent::InOrder
+        } else if seq <= prev {
+            r.restarts.fetch_add(1, Relaxed);
+            SeqEvent::Restart
+        } else {
+            r.gaps.fetch_add((seq - prev - 1) as u64, Relaxed);
+            SeqEvent::Gap
+        }
+    }
+
+    /// The worker's load under `signal`, with snapshots valid for `freshness_ms`.
+    #[inline]
+    pub fn load(&self, signal: LoadSignal, freshness_ms: u64) -> Load {
+        let f = self.inflight.load(Relaxed).max(0);
+        let fallback = |age_ms| Load {
+            requests: f,
+            tokens: 0,
+            source: Source::Fallback,
+            age_ms,
+        };
+        if self.ranks.is_empty() {
+            return fallback(u64::MAX);
+        }
+        let now = self.now_ms();
+        let (mut e, mut tokens, mut oldest_rx, mut mark) = (0i64, 0i64, u64::MAX, u64::MAX);
+        for r in &self.ranks {
+            let rx = r.received_ms.load(Relaxed);
+            oldest_rx = oldest_rx.min(rx);
+            e += r.requests.load(Relaxed);
+            tokens += r.tokens.load(Relaxed);
+            mark = mark.min(r.dispatch_mark.load(Relaxed));
+        }
+        let age_ms = if oldest_rx == 0 {
+            u64::MAX
+        } else {
+            now.saturating_sub(oldest_rx)
+        };
+        if signal == LoadSignal::Inflight || age_ms > freshness_ms {
+            return fallback(age_ms);
+        }
+        let d = self.dispatched.load(Relaxed).saturating_sub(mark) as i64;
+        Load {
+            requests: f.max(e + d),
+            tokens,
+            source: Source::Engine,
+            age_ms,
+        }
+    }
+
+    /// Whether the breaker lets traffic through and health checks pass.
+    #[inline]
+    pub fn available(&self) -> bool {
+        self.healthy.load(Relaxed) && self.open_until_ms.load(Relaxed) <= self.now_ms()
+    }
+
+    /// A failed attempt: opens the breaker after `threshold` in a row, for `cooldown_ms`.
+    pub fn failed(&self, threshold: u64, cooldown_ms: u64) {
+        self.failures_total.fetch_add(1, Relaxed);
+        if self.consecutive_failures.fetch_add(1, Relaxed) + 1 >= threshold {
+            self.open_until_ms
+                .store(self.now_ms() + cooldown_ms, Relaxed);
+        }
+    }
+
+    pub fn succeeded(&self) {
+        self.consecutive_failures.store(0, Relaxed);
+    }
+
+    pub fn breaker_open(&self) -> bool {
+        self.open_until_ms.load(Relaxed) > self.now_ms()
+    }
+}
+
+/// What a sequence number told us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqEvent {
+    InOrder,
+    Gap,
+    /// Seq went backwards: the publisher restarted. Its message is used at once.
+    Restart,
+    UnknownRank,
+}
+
+/// An in-flight request on a worker; releases the count when dropped (body end or disconnect).
+#[derive(Debug)]
+pub struct InflightGuard {
+    worker: Arc<Worker>,
+}
+
+impl InflightGuard {
+    /// Counts a dispatch and an open request on `worker`.
+    pub fn new(worker: Arc<Worker>) -> Self {
+        worker.inflight.fetch_add(1, Relaxed);
+        worker.dispatched.fetch_add(1, Relaxed);
+        worker.requests_total.fetch_add(1, Relaxed);
+        InflightGuard { worker }
+    }
+
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.worker.inflight.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(running: i64, waiting: i64) -> LoadSnapshot {
+        LoadSnapshot {
+            num_running_reqs: running,
+            num_waiting_reqs: waiting,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn load_combines_engine_dispatches_and_inflight() {
+        let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+        assert_eq!(
+            w.load(LoadSignal::Engine, 3000).source,
+            Source::Fallback,
+            "no snapshot yet"
+        );
+        w.record(0, 0, &snap(3, 2));
+        assert_eq!(
+            w.load(LoadSignal::Engine, 3000).source,
+            Source::Fallback,
+            "rank 1 never reported"
+        );
+        w.record(1, 0, &snap(1, 0));
+        let l = w.load(LoadSignal::Engine, 3000);
+        assert_eq!((l.requests, l.source), (6, Source::Engine));
+        let g1 = InflightGuard::new(w.clone());
+        let g2 = InflightGuard::new(w.clone());
+        assert_eq!(
+            w.load(LoadSignal::Engine, 3000).requests,
+            8,
+            "E + D: dispatches since the snapshot"
+        );
+        assert_eq!(w.load(LoadSignal::Inflight, 3000).requests, 2);
+        w.record(0, 1, &snap(5, 2));
+        w.record(1, 1, &snap(1, 0));
+        assert_eq!(
+            w.load(LoadSignal::Engine, 3000).requests,
+            8,
+            "the snapshot now includes them"
+        );
+        drop((g1, g2));
+        assert_eq!(w.inflight(), 0);
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        assert_eq!(
+            w.load(LoadSignal::Engine, 1).source,
+            Source::Fallback,
+            "stale beyond the freshness bound"
+        );
+    }
+
+    #[test]
+    fn max_of_inflight_and_engine_and_clamps() {
+        let w = Arc::new(Worker::new("http://a".into(), 1, None, Instant::now()));
+        w.record(0, 0, &snap(-50, i64::MAX));
+        assert_eq!(w.load(LoadSignal::Engine, 3000).requests, MAX_REPORTED);
+        w.record(0, 1, &snap(0, 0));
+        let guards: Vec<_> = (0..4).map(|_| InflightGuard::new(w.clone())).collect();
+        w.record(0, 2, &snap(1, 0));
+        assert_eq!(
+            w.load(LoadSignal::Engine, 3000).requests,
+            4,
+            "F wins when the engine under-reports"
+        );
+        drop(guards);
+    }
+
+    #[test]
+    fn seq_tracking() {
+        let w = Worker::new("http://a".into(), 1, None, Instant::now());
+        assert_eq!(w.record(0, 5, &snap(0, 0)), SeqEvent::InOrder);
+        assert_eq!(w.record(0, 6, &snap(0, 0)), SeqEvent::InOrder);
+        assert_eq!(w.record(0, 9, &snap(0, 0)), SeqEvent::Gap);
+        assert_eq!(w.ranks[0].gaps.load(Relaxed), 2);
+        assert_eq!(w.record(0, 0, &snap(0, 0)), SeqEvent::Restart);
+        assert_eq!(w.record(0, 1, &snap(0, 0)), SeqEvent::InOrder);
+        assert_eq!(w.record(3, 1, &snap(0, 0)), SeqEvent::UnknownRank);
+    }
+
+    #[test]
+    fn breaker_opens_after_threshold() {
+        let w = Worker::new("http://a".into(), 0, None, Instant::now());
+        w.failed(3, 60_000);
+        w.failed(3, 60_000);
+        assert!(w.available());
+        w.failed(3, 60_000);
+        assert!(!w.available() && w.breaker_open());
+    }
+}

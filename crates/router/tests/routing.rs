@@ -1,0 +1,547 @@
+//! The router on loopback against real engines (in-process `loadlink engine`s) and controllable
+//! workers (a small HTTP server plus a real `PubSink` the test starts, stops and restarts).
+
+use axum::routing::{get, post};
+use loadlink_engine::{Engine, EngineConfig, ModelConfig};
+use loadlink_publish::{Encoded, PubSink, Sink};
+use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
+use loadlink_wire::codec::snapshot_bytes;
+use loadlink_wire::{Generation, LoadSnapshot};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+async fn engine(kv_port: u16, time_scale: f64) -> Engine {
+    Engine::start(EngineConfig {
+        port: 0,
+        time_scale,
+        kv_events_config: Some(format!(
+            r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}"}}"#
+        )),
+        model: ModelConfig {
+            max_running_requests: 16,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+async fn router(
+    urls: Vec<String>,
+    signal: LoadSignal,
+    tweak: impl FnOnce(&mut RouterConfig),
+) -> RouterHandle {
+    let mut cfg = RouterConfig {
+        port: 0,
+        worker_urls: urls,
+        policy: Policy::PowerOfTwo,
+        load_signal: signal,
+        ..Default::default()
+    };
+    tweak(&mut cfg);
+    loadlink_router::start(cfg).await.unwrap()
+}
+
+async fn workers(c: &reqwest::Client, r: &str) -> Vec<Value> {
+    let v: Value = c
+        .get(format!("{r}/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["workers"].as_array().unwrap().clone()
+}
+
+async fn wait_for<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
+    what: &str,
+    secs: u64,
+    mut cond: F,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn worker_of(resp: &reqwest::Response) -> String {
+    resp.headers()["x-loadlink-worker"]
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engine_load_steers_away_from_a_worker_loaded_by_direct_clients() {
+    let (a, b) = (engine(48100, 1.0).await, engine(48110, 1.0).await);
+    let c = reqwest::Client::new();
+    // Direct clients (not through any router) fill A: 16 running, 14 waiting.
+    let direct: Vec<_> = (0..30)
+        .map(|_| {
+            let (c, url) = (c.clone(), a.url());
+            tokio::spawn(async move {
+                c.post(format!("{url}/v1/completions"))
+                    .json(&json!({"prompt": "x", "max_tokens": 2000}))
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    let engine_router = router(vec![a.url(), b.url()], LoadSignal::Engine, |_| {}).await;
+    let inflight_router = router(vec![a.url(), b.url()], LoadSignal::Inflight, |_| {}).await;
+    wait_for(
+        "A's direct load visible to the engine-load router",
+        15,
+        || async {
+            let ws = workers(&c, &engine_router.url()).await;
+            ws.iter().any(|w| {
+                w["url"] == a.url().as_str()
+                    && w["source"] == "engine"
+                    && w["load"].as_i64().unwrap() >= 25
+            })
+        },
+    )
+    .await;
+    let mut to_a = [0, 0];
+    for (i, r) in [&engine_router, &inflight_router].iter().enumerate() {
+        for _ in 0..20 {
+            let resp = c
+                .post(format!("{}/v1/completions", r.url()))
+                .json(&json!({"prompt": "hi", "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            if worker_of(&resp) == a.url() {
+                to_a[i] += 1;
+            }
+            resp.bytes().await.unwrap();
+        }
+    }
+    assert!(
+        to_a[0] <= 2,
+        "the engine-load router avoids the loaded worker: {} of 20 went to A",
+        to_a[0]
+    );
+    assert!(
+        to_a[1] >= 4,
+        "an in-flight router cannot see direct load: only {} of 20 went to A",
+        to_a[1]
+    );
+    for d in direct {
+        d.abort();
+    }
+    engine_router.stop().await;
+    inflight_router.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A worker whose HTTP side always answers and whose load publisher the test controls.
+struct FakeWorker {
+    url: String,
+    publishing: Arc<AtomicBool>,
+    restart: Arc<AtomicBool>,
+    waiting: Arc<AtomicI64>,
+    stop: Arc<AtomicBool>,
+}
+
+async fn fake_worker(load_port: u16, advertise: bool) -> FakeWorker {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let kv = if advertise {
+        json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": load_port - 1, "topic": "", "block_size": 16, "dp_size": 1, "load_endpoint_port_base": load_port})
+    } else {
+        Value::Null
+    };
+    let info = json!({ "dp_size": 1, "kv_events": kv });
+    let app = axum::Router::new()
+        .route(
+            "/server_info",
+            get(move || {
+                let info = info.clone();
+                async move { axum::Json(info) }
+            }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/completions",
+            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (publishing, restart, waiting, stop) = (
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicI64::new(7)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    if advertise {
+        let (p, r, w, s) = (
+            publishing.clone(),
+            restart.clone(),
+            waiting.clone(),
+            stop.clone(),
+        );
+        std::thread::spawn(move || {
+            let ctx = zmq::Context::new();
+            let mut sink = PubSink::bind(
+                &ctx,
+                &format!("tcp://*:{load_port}"),
+                Generation::Snapshot,
+                0,
+                1,
+            )
+            .unwrap();
+            while !s.load(Ordering::Relaxed) {
+                if r.swap(false, Ordering::Relaxed) {
+                    drop(sink);
+                    // libzmq releases the port asynchronously: retry the bind briefly.
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    sink = loop {
+                        match PubSink::bind(
+                            &ctx,
+                            &format!("tcp://*:{load_port}"),
+                            Generation::Snapshot,
+                            0,
+                            1,
+                        ) {
+                            Ok(s) => break s,
+                            Err(e) if Instant::now() < deadline => {
+                                let _ = e;
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            Err(e) => panic!("rebinding the load port: {e}"),
+                        }
+                    };
+                }
+                if p.load(Ordering::Relaxed) {
+                    let snap = LoadSnapshot {
+                        num_waiting_reqs: w.load(Ordering::Relaxed),
+                        ..Default::default()
+                    };
+                    let _ = sink.write(Encoded {
+                        snapshot: &snap,
+                        bytes: &snapshot_bytes(&snap),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+    }
+    FakeWorker {
+        url,
+        publishing,
+        restart,
+        waiting,
+        stop,
+    }
+}
+
+async fn source_of(c: &reqwest::Client, r: &str, url: &str) -> (String, Value) {
+    let ws = workers(c, r).await;
+    let w = ws.into_iter().find(|w| w["url"] == url).unwrap();
+    (w["source"].as_str().unwrap().to_string(), w)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silence_falls_back_and_resumes_and_a_restart_is_picked_up() {
+    let fw = fake_worker(48201, true).await;
+    let r = router(vec![fw.url.clone()], LoadSignal::Engine, |c| {
+        c.freshness_ms = 400
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let (rurl, wurl) = (r.url(), fw.url.clone());
+    wait_for("engine-sourced load", 10, || async {
+        source_of(&c, &rurl, &wurl).await.0 == "engine"
+    })
+    .await;
+    assert_eq!(source_of(&c, &rurl, &wurl).await.1["load"], 7);
+
+    fw.publishing.store(false, Ordering::Relaxed);
+    wait_for("fallback after silence", 10, || async {
+        source_of(&c, &rurl, &wurl).await.0 == "fallback"
+    })
+    .await;
+    // No request fails because of it.
+    for _ in 0..5 {
+        assert_eq!(
+            c.post(format!("{rurl}/v1/completions"))
+                .json(&json!({"prompt": "x"}))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    fw.waiting.store(3, Ordering::Relaxed);
+    fw.publishing.store(true, Ordering::Relaxed);
+    wait_for("engine load again", 10, || async {
+        source_of(&c, &rurl, &wurl).await.0 == "engine"
+    })
+    .await;
+
+    // Let the old stream run well past where the restarted one will be when the SUB reconnects
+    // (a restart is recognised by the sequence going backwards).
+    wait_for("a long-running stream", 10, || async {
+        source_of(&c, &rurl, &wurl).await.1["ranks"][0]["seq"]
+            .as_i64()
+            .unwrap()
+            >= 80
+    })
+    .await;
+    fw.restart.store(true, Ordering::Relaxed);
+    fw.waiting.store(11, Ordering::Relaxed);
+    wait_for(
+        "the restarted publisher (seq back to 0) used",
+        10,
+        || async {
+            let (src, w) = source_of(&c, &rurl, &wurl).await;
+            src == "engine" && w["load"] == 11 && w["ranks"][0]["restarts"].as_u64().unwrap() >= 1
+        },
+    )
+    .await;
+    fw.stop.store(true, Ordering::Relaxed);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_a_range_is_routed_on_inflight_with_its_reason() {
+    let fw = fake_worker(48301, false).await;
+    let r = router(vec![fw.url.clone()], LoadSignal::Engine, |_| {}).await;
+    let c = reqwest::Client::new();
+    let (src, w) = source_of(&c, &r.url(), &fw.url).await;
+    assert_eq!(src, "fallback");
+    assert!(
+        w["no_load_reason"]
+            .as_str()
+            .unwrap()
+            .contains("kv_events is null"),
+        "{w}"
+    );
+    let resp = c
+        .post(format!("{}/v1/completions", r.url()))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let m = c
+        .get(format!("{}/metrics", r.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains(&format!(
+            "loadlink_worker_engine_priced{{worker=\"{}\"}} 0",
+            fw.url
+        )),
+        "{m}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_inflight_leak_after_mixed_traffic_with_disconnects() {
+    let (a, b) = (engine(48400, 1000.0).await, engine(48410, 1000.0).await);
+    let r = router(vec![a.url(), b.url()], LoadSignal::Engine, |_| {}).await;
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let url = r.url();
+    let total = 20_000u64;
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (c, url, next, ok) = (c.clone(), url.clone(), next.clone(), ok.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let stream = i % 2 == 0;
+                    let disconnect = i % 10 == 3;
+                    let body = json!({"prompt": "hello", "max_tokens": if disconnect { 400 } else { 3 }, "stream": stream || disconnect});
+                    let mut resp = c.post(format!("{url}/v1/completions")).json(&body).send().await.unwrap();
+                    assert_eq!(resp.status(), 200);
+                    if disconnect {
+                        let _ = resp.chunk().await; // first event, then hang up mid-stream
+                        drop(resp);
+                    } else {
+                        let text = resp.text().await.unwrap();
+                        assert!(!stream || text.ends_with("data: [DONE]\n\n"));
+                    }
+                    ok.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(ok.load(Ordering::Relaxed), total);
+    let st = r.state.clone();
+    wait_for("every guard released", 20, || async {
+        st.fleet.workers().iter().all(|w| w.inflight() == 0)
+    })
+    .await;
+    let dispatched: u64 = st
+        .fleet
+        .workers()
+        .iter()
+        .map(|w| w.requests_total.load(Ordering::Relaxed))
+        .sum();
+    assert_eq!(dispatched, total);
+    wait_for(
+        "engines drained (disconnects aborted upstream)",
+        20,
+        || async { a.open_requests() == 0 && b.open_requests() == 0 },
+    )
+    .await;
+    r.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streams_survive_load_swings_and_dead_workers_are_retried_around() {
+    let a = engine(48500, 20.0).await;
+    let dead = "http://127.0.0.1:9".to_string(); // discard port: nothing listens
+    let r = router(vec![a.url(), dead.clone()], LoadSignal::Engine, |c| {
+        c.discovery_attempts = 1
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let streams: Vec<_> = (0..30)
+        .map(|_| {
+            let (c, url) = (c.clone(), r.url());
+            tokio::spawn(async move {
+                let resp = c.post(format!("{url}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": true})).send().await.unwrap();
+                assert_eq!(resp.status(), 200);
+                resp.text().await.unwrap()
+            })
+        })
+        .collect();
+    // A burst of other traffic swings the load while the streams run.
+    for _ in 0..40 {
+        let resp = c
+            .post(format!("{}/v1/completions", r.url()))
+            .json(&json!({"prompt": "x", "max_tokens": 5}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "a dead worker is retried around");
+        assert_eq!(worker_of(&resp), a.url());
+        resp.bytes().await.unwrap();
+    }
+    for s in streams {
+        let text = s.await.unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        assert_eq!(
+            text.matches("\"delta\"").count(),
+            200,
+            "every token arrived"
+        );
+    }
+    let ws = workers(&c, &r.url()).await;
+    let d = ws.iter().find(|w| w["url"] == dead.as_str()).unwrap();
+    assert_eq!(d["breaker_open"], true);
+    assert!(
+        d["no_load_reason"]
+            .as_str()
+            .unwrap()
+            .contains("discovery failed")
+    );
+    r.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_and_bad_input() {
+    let fw = fake_worker(48601, false).await;
+    let c = reqwest::Client::new();
+    let closed = router(vec![], LoadSignal::Engine, |_| {}).await;
+    let resp = c
+        .post(format!("{}/workers", closed.url()))
+        .json(&json!({"url": fw.url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403, "no --admin-token: admin API off");
+    let resp = c
+        .post(format!("{}/v1/completions", closed.url()))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.text().await.unwrap().contains("no workers"));
+    closed.stop().await;
+
+    let r = router(vec![], LoadSignal::Engine, |c| {
+        c.admin_token = Some("s3cret".into());
+        c.max_body_bytes = 2048;
+    })
+    .await;
+    let add = |token: Option<&'static str>, url: String| {
+        let (c, r) = (c.clone(), r.url());
+        async move {
+            let mut req = c.post(format!("{r}/workers")).json(&json!({ "url": url }));
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            req.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(add(None, fw.url.clone()).await, 401);
+    assert_eq!(add(Some("wrong"), fw.url.clone()).await, 401);
+    assert_eq!(add(Some("s3cret"), "ftp://x".into()).await, 400);
+    assert_eq!(add(Some("s3cret"), fw.url.clone()).await, 201);
+    assert_eq!(workers(&c, &r.url()).await.len(), 1);
+    let resp = c
+        .post(format!("{}/v1/completions", r.url()))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let big = c
+        .post(format!("{}/v1/completions", r.url()))
+        .body(vec![b'x'; 8192])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413);
+    assert_eq!(
+        c.get(format!("{}/nope", r.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let del = c
+        .delete(format!("{}/workers?url={}", r.url(), fw.url))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    assert!(workers(&c, &r.url()).await.is_empty());
+    r.stop().await;
+}
