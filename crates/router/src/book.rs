@@ -96,6 +96,13 @@ pub struct Worker {
     pub open_until_ms: AtomicU64,
     /// Frames dropped by the subscriber, by [`DROP_REASONS`].
     pub dropped: [AtomicU64; 4],
+    /// Σ over ranks, recomputed by the (single) subscriber thread on every message so a pick reads
+    /// one cache line instead of walking the ranks: requests, tokens, oldest receive time (0 if a
+    /// rank never reported), smallest dispatch mark.
+    agg_requests: AtomicI64,
+    agg_tokens: AtomicI64,
+    agg_oldest_rx: AtomicU64,
+    agg_mark: AtomicU64,
     epoch: Instant,
 }
 
@@ -126,11 +133,17 @@ impl Worker {
             consecutive_failures: AtomicU64::new(0),
             open_until_ms: AtomicU64::new(0),
             dropped: Default::default(),
+            agg_requests: AtomicI64::new(0),
+            agg_tokens: AtomicI64::new(0),
+            agg_oldest_rx: AtomicU64::new(0),
+            agg_mark: AtomicU64::new(0),
             epoch,
         }
     }
 
-    fn now_ms(&self) -> u64 {
+    /// ms since this worker's epoch (shared by every worker of a fleet); read once per request
+    /// and passed to [`Worker::load_at`] / [`Worker::available_at`], so a pick reads the clock once.
+    pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
 
@@ -175,6 +188,7 @@ impl Worker {
             .store(self.dispatched.load(Relaxed), Relaxed);
         r.received_ms.store(self.now_ms(), Relaxed);
         r.messages.fetch_add(1, Relaxed);
+        self.aggregate();
         let prev = r.last_seq.swap(seq, Relaxed);
         if prev < 0 || seq == prev + 1 {
             SeqEvent::InOrder
@@ -187,9 +201,30 @@ impl Worker {
         }
     }
 
+    fn aggregate(&self) {
+        let (mut e, mut tokens, mut oldest, mut mark) = (0i64, 0i64, u64::MAX, u64::MAX);
+        for r in &self.ranks {
+            e += r.requests.load(Relaxed);
+            tokens += r.tokens.load(Relaxed);
+            oldest = oldest.min(r.received_ms.load(Relaxed));
+            mark = mark.min(r.dispatch_mark.load(Relaxed));
+        }
+        // Receive time last: a reader that sees it fresh sees the sums that go with it.
+        self.agg_requests.store(e, Relaxed);
+        self.agg_tokens.store(tokens, Relaxed);
+        self.agg_mark.store(mark, Relaxed);
+        self.agg_oldest_rx
+            .store(oldest, std::sync::atomic::Ordering::Release);
+    }
+
     /// The worker's load under `signal`, with snapshots valid for `freshness_ms`.
-    #[inline]
     pub fn load(&self, signal: LoadSignal, freshness_ms: u64) -> Load {
+        self.load_at(signal, freshness_ms, self.now_ms())
+    }
+
+    /// [`Worker::load`] at a given `now` (from [`Worker::now_ms`]).
+    #[inline]
+    pub fn load_at(&self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
         let f = self.inflight.load(Relaxed).max(0);
         let fallback = |age_ms| Load {
             requests: f,
@@ -200,15 +235,14 @@ impl Worker {
         if self.ranks.is_empty() {
             return fallback(u64::MAX);
         }
-        let now = self.now_ms();
-        let (mut e, mut tokens, mut oldest_rx, mut mark) = (0i64, 0i64, u64::MAX, u64::MAX);
-        for r in &self.ranks {
-            let rx = r.received_ms.load(Relaxed);
-            oldest_rx = oldest_rx.min(rx);
-            e += r.requests.load(Relaxed);
-            tokens += r.tokens.load(Relaxed);
-            mark = mark.min(r.dispatch_mark.load(Relaxed));
-        }
+        let oldest_rx = self
+            .agg_oldest_rx
+            .load(std::sync::atomic::Ordering::Acquire);
+        let (e, tokens, mark) = (
+            self.agg_requests.load(Relaxed),
+            self.agg_tokens.load(Relaxed),
+            self.agg_mark.load(Relaxed),
+        );
         let age_ms = if oldest_rx == 0 {
             u64::MAX
         } else {
@@ -227,9 +261,13 @@ impl Worker {
     }
 
     /// Whether the breaker lets traffic through and health checks pass.
-    #[inline]
     pub fn available(&self) -> bool {
-        self.healthy.load(Relaxed) && self.open_until_ms.load(Relaxed) <= self.now_ms()
+        self.available_at(self.now_ms())
+    }
+
+    #[inline]
+    pub fn available_at(&self, now: u64) -> bool {
+        self.healthy.load(Relaxed) && self.open_until_ms.load(Relaxed) <= now
     }
 
     /// A failed attempt: opens the breaker after `threshold` in a row, for `cooldown_ms`.

@@ -230,6 +230,21 @@ pub struct FleetView<'a> {
     pub freshness_ms: u64,
     /// Bitmask of workers already tried for this request (first 64).
     pub tried: u64,
+    /// The request's `now` ([`Worker::now_ms`]), read once per pick.
+    pub now_ms: u64,
+}
+
+impl<'a> FleetView<'a> {
+    pub fn new(workers: &'a [Arc<Worker>], signal: LoadSignal, freshness_ms: u64) -> Self {
+        let now_ms = workers.first().map_or(0, |w| w.now_ms());
+        FleetView {
+            workers,
+            signal,
+            freshness_ms,
+            tried: 0,
+            now_ms,
+        }
+    }
 }
 
 impl View for FleetView<'_> {
@@ -239,12 +254,12 @@ impl View for FleetView<'_> {
     #[inline]
     fn load(&self, i: usize) -> i64 {
         self.workers[i]
-            .load(self.signal, self.freshness_ms)
+            .load_at(self.signal, self.freshness_ms, self.now_ms)
             .requests
     }
     #[inline]
     fn available(&self, i: usize) -> bool {
-        (i >= 64 || self.tried & (1 << i) == 0) && self.workers[i].available()
+        (i >= 64 || self.tried & (1 << i) == 0) && self.workers[i].available_at(self.now_ms)
     }
 }
 

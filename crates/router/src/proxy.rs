@@ -83,16 +83,12 @@ pub async fn forward(
     }
     let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     let cfg = &st.cfg;
-    let mut view = FleetView {
-        workers: &workers,
-        signal: cfg.load_signal,
-        freshness_ms: cfg.freshness_ms,
-        tried: 0,
-    };
+    let mut view = FleetView::new(&workers, cfg.load_signal, cfg.freshness_ms);
     let mut last_error = String::new();
     let mut delay = Duration::from_millis(cfg.retry_initial_backoff_ms);
     for attempt in 0..=cfg.max_retries {
         let seq = st.seq.fetch_add(1, Relaxed);
+        view.now_ms = workers[0].now_ms();
         let Some(idx) = cfg.policy.pick(&view, seq) else {
             break;
         };
