@@ -1,5 +1,6 @@
 //! The `loadlink` binary: flag parsing only; the work lives in the library crates.
 
+mod demo_cmd;
 mod engine_cmd;
 mod publish_cmd;
 mod route_cmd;
@@ -17,6 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole system in one command: engines publishing load, an engine-load router and an
+    /// in-flight router, routed and direct traffic, a live table and a TTFT comparison.
+    Demo(demo_cmd::DemoArgs),
     /// Run a simulated SGLang-compatible engine that publishes its real load.
     Engine(engine_cmd::EngineArgs),
     /// Run the load-aware router in front of one or more engines.
@@ -39,6 +43,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(a) => demo_cmd::run(a),
         Command::Engine(a) => engine_cmd::run(a),
         Command::Publish(a) => publish_cmd::run(a),
         Command::Route(a) => route_cmd::run(a),
