@@ -70,7 +70,7 @@ pub struct EngineArgs {
 }
 
 pub fn run(a: EngineArgs) -> Result<()> {
-    if !(a.time_scale > 0.0) {
+    if !a.time_scale.is_finite() || a.time_scale <= 0.0 {
         anyhow::bail!("--time-scale must be > 0, got {}", a.time_scale);
     }
     if !(0.0..=1.0).contains(&a.new_token_ratio) {

@@ -613,7 +613,8 @@ async fn loads(
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let snaps = st.snapshots();
     let mut out = String::new();
-    let gauges: [(&str, &str, fn(&LoadSnapshot) -> f64); 8] = [
+    type Gauge = (&'static str, &'static str, fn(&LoadSnapshot) -> f64);
+    let gauges: [Gauge; 8] = [
         ("sglang:num_running_reqs", "Running requests", |s| {
             s.num_running_reqs as f64
         }),

@@ -309,6 +309,8 @@ async fn list_workers(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// Checks the bearer token; the admin API is off unless `--admin-token` is set.
+/// (The error is the response to send; it is built once per refused admin call, so its size is moot.)
+#[allow(clippy::result_large_err)]
 fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), Response> {
     let Some(token) = &st.cfg.admin_token else {
         return Err(error_response(
