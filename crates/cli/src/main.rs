@@ -4,6 +4,7 @@ mod demo_cmd;
 mod engine_cmd;
 mod publish_cmd;
 mod route_cmd;
+mod watch_cmd;
 mod wire_cmd;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ enum Command {
     /// Run a load publisher for one or more ranks with a synthetic, changing load (for trying a
     /// router or `wire listen` against real sockets without an engine).
     Publish(publish_cmd::PublishArgs),
+    /// Watch engines' load sockets live (worker URLs are discovered via /server_info).
+    Watch(watch_cmd::WatchArgs),
     /// Protocol tools: encode/decode payloads, resolve port ranges, read/write SHM slot files,
     /// listen to a load socket. JSON in and out, one item per line.
     #[command(subcommand)]
@@ -47,6 +50,7 @@ fn main() {
         Command::Engine(a) => engine_cmd::run(a),
         Command::Publish(a) => publish_cmd::run(a),
         Command::Route(a) => route_cmd::run(a),
+        Command::Watch(a) => watch_cmd::run(a),
         Command::Wire(c) => wire_cmd::run(c),
     };
     if let Err(e) = result {

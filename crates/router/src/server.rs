@@ -110,6 +110,8 @@ pub struct AppState {
     pub client: HttpClient,
     pub seq: AtomicU64,
     pub metrics: Metrics,
+    /// Set at shutdown so endless streams (the dashboard feed) end and the drain can finish.
+    pub stopping: std::sync::atomic::AtomicBool,
 }
 
 pub fn error_response(status: StatusCode, message: &str) -> Response {
@@ -147,6 +149,7 @@ impl RouterHandle {
 
     /// Stops accepting, lets open responses (streams included) finish, then returns.
     pub async fn stop(mut self) {
+        self.state.stopping.store(true, Relaxed);
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -188,6 +191,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
         client: http_client(),
         seq: AtomicU64::new(0),
         metrics: Metrics::default(),
+        stopping: Default::default(),
     });
     let discoveries = futures_util::future::join_all(
         urls.iter()
@@ -250,6 +254,8 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .route("/workers", get(list_workers).post(add_worker).delete(remove_worker))
+        .route("/dashboard", get(|| async { axum::response::Html(DASHBOARD) }))
+        .route("/dashboard/events", get(dashboard_events))
         .route("/v1/chat/completions", any(proxied))
         .route("/v1/completions", any(proxied))
         .route("/generate", any(proxied))
@@ -303,9 +309,43 @@ fn worker_json(st: &AppState, w: &crate::book::Worker) -> Value {
     })
 }
 
-async fn list_workers(State(st): State<Arc<AppState>>) -> Response {
+fn workers_json(st: &AppState) -> Value {
     let ws = st.fleet.workers();
-    axum::Json(json!({ "policy": st.cfg.policy.as_str(), "workers": ws.iter().map(|w| worker_json(&st, w)).collect::<Vec<_>>() })).into_response()
+    json!({ "policy": st.cfg.policy.as_str(), "workers": ws.iter().map(|w| worker_json(st, w)).collect::<Vec<_>>() })
+}
+
+async fn list_workers(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(workers_json(&st)).into_response()
+}
+
+/// The live dashboard page (no external assets: everything is in this file).
+const DASHBOARD: &str = include_str!("../assets/dashboard.html");
+
+/// Server-sent events for the dashboard: the `/workers` document twice a second.
+async fn dashboard_events(State(st): State<Arc<AppState>>) -> Response {
+    let stream = futures_util::stream::unfold((st, true), |(st, first)| async move {
+        if !first {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        if st.stopping.load(Relaxed) {
+            return None;
+        }
+        let event = format!("data: {}\n\n", workers_json(&st));
+        Some((
+            Ok::<_, std::convert::Infallible>(Bytes::from(event)),
+            (st, false),
+        ))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| {
+            error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "building the event stream",
+            )
+        })
 }
 
 /// Checks the bearer token; the admin API is off unless `--admin-token` is set.
