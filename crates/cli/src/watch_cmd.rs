@@ -68,7 +68,7 @@ fn endpoints_of(target: &str) -> Result<Vec<(String, String)>> {
                 .await
         })
         .with_context(|| format!("{url}: GET /server_info"))?;
-    let desc = parse_server_info(&body).with_context(|| format!("{url}"))?;
+    let desc = parse_server_info(&body).with_context(|| url.to_string())?;
     let Some(desc) = desc else {
         bail!(
             "{url} has no KV-events publisher (kv_events is null), so it publishes no load; start it with --kv-events-config"
