@@ -76,9 +76,17 @@ fn endpoints_of(target: &str) -> Result<Vec<(String, String)>> {
     };
     let eps = desc.load_endpoints(&host);
     if eps.is_empty() {
-        bail!(
-            "{url} advertises no load_endpoint_port_base: it does not report load (its --load-publish-endpoint is off or the range was declined)"
-        );
+        let why = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v.get("load_publish_decline_reason")
+                    .and_then(|r| r.as_str())
+                    .map(|r| format!(": {r}"))
+            })
+            .unwrap_or_else(|| {
+                " (its --load-publish-endpoint is off, or the range was declined)".into()
+            });
+        bail!("{url} advertises no load_endpoint_port_base, so it does not report load{why}");
     }
     Ok(eps
         .into_iter()

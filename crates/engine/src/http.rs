@@ -560,6 +560,8 @@ async fn server_info(State(st): State<Arc<AppState>>) -> Response {
         "load_wire": match c.generation { Generation::Snapshot => "snapshot", Generation::LoadStat => "loadstat" },
         "time_scale": c.time_scale,
         "kv_events": kv,
+        // Why there is no load range, when there is none (null when publishing or quietly off).
+        "load_publish_decline_reason": st.settings.load_range().err().flatten(),
     }))
     .into_response()
 }

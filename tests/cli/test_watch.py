@@ -1,0 +1,70 @@
+"""`loadlink watch` against a running engine (numbers change) and against one without a load range
+(it says why and exits instead of hanging)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN = os.environ.get("LOADLINK_BIN") or str(REPO / "target" / "debug" / "loadlink")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_engine(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    p = subprocess.Popen([BIN, "engine", "--port", str(port), "--duration", "60", "--max-running-requests", "4", *args],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return p, url
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("engine did not start")
+
+
+def test_watch_shows_changing_numbers():
+    kv = free_port()
+    p, url = start_engine("--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv}"}))
+    try:
+        def load() -> None:
+            body = json.dumps({"prompt": "x", "max_tokens": 300}).encode()
+            for _ in range(10):
+                threading.Thread(target=lambda: urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=body), timeout=60).read(), daemon=True).start()
+        threading.Timer(1.0, load).start()
+        out = subprocess.run([BIN, "watch", url, "--json", "--duration", "4"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        lines = [json.loads(x) for x in out.stdout.splitlines()]
+        assert len(lines) >= 10
+        waiting = {x["load"]["num_waiting_reqs"] for x in lines}
+        running = {x["load"]["num_running_reqs"] for x in lines}
+        assert 0 in running and 4 in running and max(waiting) >= 5, (running, waiting)
+        seqs = [x["seq"] for x in lines]
+        assert seqs == sorted(seqs)
+    finally:
+        p.kill()
+
+
+def test_watch_explains_an_engine_without_a_load_range():
+    # A concrete-host KV endpoint: the range is declined with a reason the engine reports.
+    p, url = start_engine("--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}"}))
+    try:
+        out = subprocess.run([BIN, "watch", url], capture_output=True, text=True, timeout=20)
+        assert out.returncode != 0
+        assert "does not report load" in out.stderr and "wildcard" in out.stderr, out.stderr
+    finally:
+        p.kill()
