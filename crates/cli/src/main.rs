@@ -1,5 +1,6 @@
 //! The `loadlink` binary: flag parsing only; the work lives in the library crates.
 
+mod bench_cmd;
 mod demo_cmd;
 mod engine_cmd;
 mod publish_cmd;
@@ -19,6 +20,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Experiments: engine-reported load vs in-flight routing.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCommand),
     /// The whole system in one command: engines publishing load, an engine-load router and an
     /// in-flight router, routed and direct traffic, a live table and a TTFT comparison.
     Demo(demo_cmd::DemoArgs),
@@ -46,6 +50,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(c) => bench_cmd::run(c),
         Command::Demo(a) => demo_cmd::run(a),
         Command::Engine(a) => engine_cmd::run(a),
         Command::Publish(a) => publish_cmd::run(a),

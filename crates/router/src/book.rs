@@ -160,6 +160,12 @@ impl Worker {
 
     /// Records one engine message for `rank` with sequence `seq`. Returns what the seq said.
     pub fn record(&self, rank: usize, seq: i64, snap: &LoadSnapshot) -> SeqEvent {
+        self.record_at(rank, seq, snap, self.now_ms())
+    }
+
+    /// [`Worker::record`] at a given `now` (ms on the same clock as `load_at`); the simulator
+    /// drives the book in virtual time through this.
+    pub fn record_at(&self, rank: usize, seq: i64, snap: &LoadSnapshot, now: u64) -> SeqEvent {
         let Some(r) = self.ranks.get(rank) else {
             return SeqEvent::UnknownRank;
         };
@@ -186,7 +192,7 @@ impl Worker {
         );
         r.dispatch_mark
             .store(self.dispatched.load(Relaxed), Relaxed);
-        r.received_ms.store(self.now_ms(), Relaxed);
+        r.received_ms.store(now.max(1), Relaxed);
         r.messages.fetch_add(1, Relaxed);
         self.aggregate();
         let prev = r.last_seq.swap(seq, Relaxed);

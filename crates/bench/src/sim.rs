@@ -1,0 +1,308 @@
+//! The discrete-event experiment: the production engine model (`loadlink_engine::model::Scheduler`),
+//! the production `LoadBook` entries (`loadlink_router::Worker`) and the production policies, in
+//! virtual time. Nothing here re-implements a policy or the scheduler; the simulator only moves
+//! time and messages between them:
+//!
+//! * each engine steps its scheduler; a step's events happen at the step's end;
+//! * after every prefill step and every `publish_every`-th decode step, and every 100 ms while
+//!   idle, an engine publishes its snapshot; each router replica receives it `net_delay_s` later;
+//! * routed requests are picked by the router replica they arrive at (round-robin over replicas),
+//!   which holds an in-flight guard until the request finishes; direct requests skip routers.
+
+use crate::workload::Arrival;
+use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
+use loadlink_router::fleet::FleetView;
+use loadlink_router::policy::mix;
+use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
+use loadlink_wire::LoadSnapshot;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where direct (router-bypassing) traffic goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectTarget {
+    /// Spread uniformly over engines.
+    Uniform,
+    /// All of it on engine 0 (a hot tenant, a pinned batch job).
+    Pinned,
+}
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// One model config per engine (heterogeneous fleets allowed).
+    pub engines: Vec<ModelConfig>,
+    pub routers: usize,
+    pub policy: Policy,
+    pub signal: LoadSignal,
+    pub freshness_ms: u64,
+    /// Publish → router delivery delay.
+    pub net_delay_s: f64,
+    /// Publish after every Nth decode step (prefill steps always publish).
+    pub publish_every: u32,
+    pub direct: DirectTarget,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub ttft: Vec<f64>,
+    pub e2e: Vec<f64>,
+    pub completed: usize,
+    pub submitted: usize,
+    /// Virtual seconds until the last completion.
+    pub makespan: f64,
+    /// Mean over 1 s samples of the coefficient of variation of waiting requests across engines.
+    pub queue_cv: f64,
+    pub decisions: u64,
+    pub fallback_decisions: u64,
+}
+
+#[derive(Debug)]
+enum Ev {
+    Arrive(usize),
+    StepDone(usize),
+    Deliver { router: usize, engine: usize, seq: i64, snap: Box<LoadSnapshot> },
+    Heartbeat(usize),
+    Sample,
+}
+
+struct Item {
+    t: f64,
+    order: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Item {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Item {}
+impl PartialOrd for Item {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Item {
+    /// Reversed: `BinaryHeap` pops the earliest event (ties in insertion order).
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t).then(o.order.cmp(&self.order))
+    }
+}
+
+struct EngineState {
+    sched: Scheduler,
+    busy: bool,
+    pending: Vec<Event>,
+    kind: StepKind,
+    seq: i64,
+    decode_steps: u64,
+}
+
+struct Req {
+    arrived: f64,
+    first: Option<f64>,
+    done: Option<f64>,
+    guard: Option<InflightGuard>,
+}
+
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    arrivals: &'a [Arrival],
+    heap: BinaryHeap<Item>,
+    order: u64,
+    engines: Vec<EngineState>,
+    books: Vec<Vec<Arc<Worker>>>,
+    reqs: Vec<Req>,
+    out: Outcome,
+    cv_samples: Vec<f64>,
+    horizon: f64,
+}
+
+fn ms(t: f64) -> u64 {
+    (t * 1000.0) as u64 + 1
+}
+
+impl Sim<'_> {
+    fn push(&mut self, t: f64, ev: Ev) {
+        self.order += 1;
+        self.heap.push(Item { t, order: self.order, ev });
+    }
+
+    fn publish(&mut self, e: usize, t: f64) {
+        let snap = self.engines[e].sched.snapshot(e as u32, t);
+        let seq = self.engines[e].seq;
+        self.engines[e].seq += 1;
+        for r in 0..self.cfg.routers {
+            self.push(t + self.cfg.net_delay_s, Ev::Deliver { router: r, engine: e, seq, snap: Box::new(snap.clone()) });
+        }
+    }
+
+    fn start_step(&mut self, e: usize, t: f64) {
+        if self.engines[e].busy {
+            return;
+        }
+        let step = self.engines[e].sched.step(t);
+        if step.kind == StepKind::Idle {
+            return;
+        }
+        let eng = &mut self.engines[e];
+        eng.busy = true;
+        eng.kind = step.kind;
+        eng.pending = step.events;
+        self.push(t + step.duration, Ev::StepDone(e));
+    }
+
+    fn run(&mut self) {
+        for i in 0..self.arrivals.len() {
+            self.push(self.arrivals[i].t, Ev::Arrive(i));
+        }
+        for e in 0..self.engines.len() {
+            self.push(0.0, Ev::Heartbeat(e));
+        }
+        self.push(1.0, Ev::Sample);
+        let mut remaining = self.arrivals.len();
+        while let Some(Item { t, ev, .. }) = self.heap.pop() {
+            if t > self.horizon {
+                break;
+            }
+            match ev {
+                Ev::Arrive(i) => self.arrive(i, t),
+                Ev::StepDone(e) => {
+                    let events = std::mem::take(&mut self.engines[e].pending);
+                    for ev in events {
+                        match ev {
+                            Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
+                            Event::Finished { id, .. } => {
+                                let r = &mut self.reqs[id as usize];
+                                r.done = Some(t);
+                                r.first.get_or_insert(t);
+                                r.guard = None;
+                                remaining -= 1;
+                                self.out.makespan = t;
+                            }
+                            Event::Token { .. } => {}
+                        }
+                    }
+                    let eng = &mut self.engines[e];
+                    eng.busy = false;
+                    let publish = match eng.kind {
+                        StepKind::Decode => {
+                            eng.decode_steps += 1;
+                            eng.decode_steps % self.cfg.publish_every.max(1) as u64 == 0
+                        }
+                        _ => true,
+                    };
+                    if publish {
+                        self.publish(e, t);
+                    }
+                    self.start_step(e, t);
+                    if !self.engines[e].busy {
+                        self.publish(e, t); // went idle: say so at once
+                    }
+                }
+                Ev::Deliver { router, engine, seq, snap } => {
+                    self.books[router][engine].record_at(0, seq, &snap, ms(t));
+                }
+                Ev::Heartbeat(e) => {
+                    if !self.engines[e].busy {
+                        self.publish(e, t);
+                    }
+                    if remaining > 0 {
+                        self.push(t + 0.1, Ev::Heartbeat(e));
+                    }
+                }
+                Ev::Sample => {
+                    let w: Vec<f64> = self.engines.iter().map(|e| e.sched.num_waiting() as f64).collect();
+                    let m = w.iter().sum::<f64>() / w.len() as f64;
+                    if m > 0.0 {
+                        let sd = (w.iter().map(|x| (x - m).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+                        self.cv_samples.push(sd / m);
+                    } else {
+                        self.cv_samples.push(0.0);
+                    }
+                    if remaining > 0 {
+                        self.push(t + 1.0, Ev::Sample);
+                    }
+                }
+            }
+            if remaining == 0 {
+                break; // every request has finished; only heartbeats and deliveries remain
+            }
+        }
+    }
+
+    fn arrive(&mut self, i: usize, t: f64) {
+        let a = self.arrivals[i];
+        let n = self.engines.len();
+        let engine = if a.direct {
+            match self.cfg.direct {
+                DirectTarget::Pinned => 0,
+                DirectTarget::Uniform => (mix(i as u64 ^ 0xd1ec7) % n as u64) as usize,
+            }
+        } else {
+            let r = i % self.cfg.routers;
+            let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms);
+            view.now_ms = ms(t);
+            let Some(pick) = self.cfg.policy.pick(&view, i as u64) else { return };
+            let w = self.books[r][pick].clone();
+            self.out.decisions += 1;
+            if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t)).source == Source::Fallback {
+                self.out.fallback_decisions += 1;
+            }
+            self.reqs[i].guard = Some(InflightGuard::new(w));
+            pick
+        };
+        self.reqs[i].arrived = t;
+        self.engines[engine].sched.submit(Submit { id: i as u64, prompt_tokens: a.prompt_tokens, max_new_tokens: a.output_tokens });
+        self.out.submitted += 1;
+        self.start_step(engine, t);
+    }
+}
+
+/// Runs `arrivals` through the configured fleet; gives up at `horizon_s` of virtual time.
+pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcome {
+    let epoch = Instant::now();
+    let books = (0..cfg.routers.max(1))
+        .map(|_| (0..cfg.engines.len()).map(|e| Arc::new(Worker::new(format!("sim://engine{e}"), 1, None, epoch))).collect())
+        .collect();
+    let mut sim = Sim {
+        cfg,
+        arrivals,
+        heap: BinaryHeap::new(),
+        order: 0,
+        engines: cfg
+            .engines
+            .iter()
+            .map(|m| EngineState { sched: Scheduler::new(*m), busy: false, pending: Vec::new(), kind: StepKind::Idle, seq: 0, decode_steps: 0 })
+            .collect(),
+        books,
+        reqs: arrivals.iter().map(|a| Req { arrived: a.t, first: None, done: None, guard: None }).collect(),
+        out: Outcome::default(),
+        cv_samples: Vec::new(),
+        horizon: horizon_s,
+    };
+    sim.run();
+    let mut out = std::mem::take(&mut sim.out);
+    for r in &sim.reqs {
+        if let (Some(f), Some(d)) = (r.first, r.done) {
+            out.ttft.push(f - r.arrived);
+            out.e2e.push(d - r.arrived);
+        }
+    }
+    out.completed = out.e2e.len();
+    out.queue_cv = if sim.cv_samples.is_empty() { 0.0 } else { sim.cv_samples.iter().sum::<f64>() / sim.cv_samples.len() as f64 };
+    out
+}
+
+/// The `p`-quantile (0–1) of `v` (nearest rank); NaN when empty.
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}

@@ -1,0 +1,75 @@
+//! `loadlink bench sim`: the discrete-event experiment on a named scenario, printed as a table and
+//! written as JSON and SVG.
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use loadlink_bench::report::{Row, cdf_svg, row_json, sweep_svg, table};
+use loadlink_bench::scenario::{self, VARIANTS, by_name};
+use loadlink_router::LoadSignal;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Simulate a scenario in virtual time (the production scheduler model, LoadBook and policies).
+    Sim(SimArgs),
+}
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// s1 (standard: 4 engines, 2 routers, 25% direct, 85% load), s0 (fairness: 1 router, no
+    /// direct traffic) or s2 (S1 with the direct traffic pinned to one engine).
+    #[arg(long, default_value = "s1")]
+    scenario: String,
+    /// Workload seed (same seed, same numbers).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Offered load as a fraction of nominal fleet capacity (default: the scenario's).
+    #[arg(long)]
+    load: Option<f64>,
+    /// Also sweep the load from 0.5 to 1.0 and plot p99 TTFT against it.
+    #[arg(long)]
+    sweep: bool,
+    /// Virtual seconds of arrivals (default: the scenario's, 600).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Where to write <scenario>.json and the SVG plots.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
+    format!("{} / {}", v.0.as_str(), if v.1 == LoadSignal::Engine { "engine" } else { "inflight" })
+}
+
+pub fn run(c: BenchCommand) -> Result<()> {
+    let BenchCommand::Sim(a) = c;
+    let mut s = by_name(&a.scenario).map_err(anyhow::Error::msg)?;
+    if let Some(d) = a.duration {
+        s.duration_s = d;
+    }
+    let load = a.load.unwrap_or(s.load);
+    std::fs::create_dir_all(&a.out).with_context(|| format!("--out {}", a.out.display()))?;
+    println!("scenario {}: {} (seed {}, load {load:.2}, {} s of arrivals)", s.name, s.about, a.seed, s.duration_s);
+    let rows: Vec<Row> = VARIANTS.iter().map(|&v| Row { label: label(v), load, outcome: scenario::run(&s, a.seed, load, v.0, v.1) }).collect();
+    print!("{}", table(&rows));
+    let mut doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": a.seed, "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    std::fs::write(a.out.join(format!("{}-ttft-cdf.svg", s.name)), cdf_svg(&format!("{}: TTFT CDF (load {load:.2})", s.name.to_uppercase()), &rows))?;
+    if a.sweep {
+        let mut sweep = Vec::new();
+        for l in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0] {
+            eprint!("\rsweep: load {l:.2}  ");
+            let _ = std::io::stderr().flush();
+            for &v in &VARIANTS {
+                sweep.push(Row { label: label(v), load: l, outcome: scenario::run(&s, a.seed, l, v.0, v.1) });
+            }
+        }
+        eprintln!();
+        doc["sweep"] = sweep.iter().map(row_json).collect();
+        std::fs::write(a.out.join(format!("{}-p99-vs-load.svg", s.name)), sweep_svg(&format!("{}: p99 TTFT vs load", s.name.to_uppercase()), &sweep))?;
+    }
+    let path = a.out.join(format!("{}.json", s.name));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    println!("wrote {} and the plots in {}", path.display(), a.out.display());
+    Ok(())
+}
