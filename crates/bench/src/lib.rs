@@ -2,6 +2,7 @@
 //! the named scenarios and reports ([`scenario`], [`report`]). The simulator drives the production
 //! scheduler model, LoadBook and policies — it forks none of them.
 
+pub mod live;
 pub mod report;
 pub mod scenario;
 pub mod sim;

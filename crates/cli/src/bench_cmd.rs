@@ -13,6 +13,30 @@ use std::path::PathBuf;
 pub enum BenchCommand {
     /// Simulate a scenario in virtual time (the production scheduler model, LoadBook and policies).
     Sim(SimArgs),
+    /// Run a scenario live: real engine and router processes on loopback, time-compressed.
+    Live(LiveArgs),
+}
+
+#[derive(Args)]
+pub struct LiveArgs {
+    /// s1, s0 or s2 (see `bench sim --help`).
+    #[arg(long, default_value = "s1")]
+    scenario: String,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Offered load as a fraction of nominal capacity (default: the scenario's).
+    #[arg(long)]
+    load: Option<f64>,
+    /// Engine --time-scale: arrivals are sent K times faster and times are scaled back by K.
+    #[arg(long, default_value_t = 4.0)]
+    time_scale: f64,
+    /// Virtual seconds of arrivals per variant (bounded so a run takes minutes, not hours).
+    #[arg(long, default_value_t = 120.0)]
+    duration: f64,
+    /// Where to write <scenario>-live.json and the CDF plot.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -43,7 +67,10 @@ fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
 }
 
 pub fn run(c: BenchCommand) -> Result<()> {
-    let BenchCommand::Sim(a) = c;
+    let a = match c {
+        BenchCommand::Sim(a) => a,
+        BenchCommand::Live(l) => return live(l),
+    };
     let mut s = by_name(&a.scenario).map_err(anyhow::Error::msg)?;
     if let Some(d) = a.duration {
         s.duration_s = d;
@@ -71,5 +98,38 @@ pub fn run(c: BenchCommand) -> Result<()> {
     let path = a.out.join(format!("{}.json", s.name));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {} and the plots in {}", path.display(), a.out.display());
+    Ok(())
+}
+
+fn live(a: LiveArgs) -> Result<()> {
+    let s = by_name(&a.scenario).map_err(anyhow::Error::msg)?;
+    if !(a.time_scale > 0.0 && a.duration > 0.0) {
+        anyhow::bail!("--time-scale and --duration must be > 0");
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("--out {}", a.out.display()))?;
+    let cfg = loadlink_bench::live::LiveConfig {
+        exe: std::env::current_exe()?,
+        load: a.load.unwrap_or(s.load),
+        scenario: s.clone(),
+        seed: a.seed,
+        time_scale: a.time_scale,
+        duration_s: a.duration,
+    };
+    println!("live {}: {} (seed {}, load {:.2}, {} virtual s per variant at time-scale {})", s.name, s.about, a.seed, cfg.load, a.duration, a.time_scale);
+    let started = std::time::Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rows = rt
+        .block_on(loadlink_bench::live::run_live(&cfg, |m| {
+            eprint!("\r[{:>5.0}s] {m:<60}", started.elapsed().as_secs_f64());
+            let _ = std::io::stderr().flush();
+        }))
+        .map_err(anyhow::Error::msg)?;
+    eprintln!();
+    print!("{}", table(&rows));
+    let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": a.seed, "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    let path = a.out.join(format!("{}-live.json", s.name));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    std::fs::write(a.out.join(format!("{}-live-ttft-cdf.svg", s.name)), cdf_svg(&format!("{} live: TTFT CDF", s.name.to_uppercase()), &rows))?;
+    println!("wrote {} ({:.0} s wall)", path.display(), started.elapsed().as_secs_f64());
     Ok(())
 }
