@@ -124,7 +124,7 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
         for u in &router_urls {
             wait_until("a router to see every engine's load", 30, || async {
                 get_json(&client, &format!("{u}/workers")).await.is_some_and(|v| {
-                    v["workers"].as_array().is_some_and(|ws| ws.len() == engine_urls.len() && ws.iter().all(|w| w["source"] == "engine"))
+                    v["workers"].as_array().is_some_and(|ws| ws.len() == engine_urls.len() && ws.iter().all(|w| w["ranks"][0]["seq"].as_i64().is_some_and(|q| q >= 0)))
                 })
             })
             .await?;
