@@ -39,8 +39,13 @@ impl Drop for Procs {
 
 fn free_port_block(n: u16) -> Result<u16, String> {
     for _ in 0..200 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
-        if base.checked_add(n).is_some() && (base..base + n).all(|p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok()) {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        if base.checked_add(n).is_some()
+            && (base..base + n).all(|p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok())
+        {
             return Ok(base);
         }
     }
@@ -49,10 +54,19 @@ fn free_port_block(n: u16) -> Result<u16, String> {
 
 fn spawn(exe: &PathBuf, args: &[String]) -> Result<Child, String> {
     // stdout/stderr are discarded (not piped): an undrained pipe would stall the child.
-    Command::new(exe).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| format!("starting {}: {e}", exe.display()))
+    Command::new(exe)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", exe.display()))
 }
 
-async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(what: &str, secs: u64, mut f: F) -> Result<(), String> {
+async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
+    what: &str,
+    secs: u64,
+    mut f: F,
+) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < deadline {
         if f().await {
@@ -72,14 +86,22 @@ async fn metric(c: &reqwest::Client, url: &str, name: &str) -> f64 {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => return 0.0,
     };
-    text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
 }
 
 /// Runs every variant of the scenario live; returns one row per variant.
-pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Result<Vec<Row>, String> {
+pub async fn run_live(
+    cfg: &LiveConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<Row>, String> {
     let s = &cfg.scenario;
     let k = cfg.time_scale;
-    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut engines = Procs(Vec::new());
     let mut engine_urls = Vec::new();
     for _ in 0..s.engines {
@@ -102,30 +124,62 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
         engine_urls.push(format!("http://127.0.0.1:{http}"));
     }
     for u in &engine_urls {
-        wait_until("an engine to start", 30, || async { client.get(format!("{u}/health")).send().await.is_ok() }).await?;
+        wait_until("an engine to start", 30, || async {
+            client.get(format!("{u}/health")).send().await.is_ok()
+        })
+        .await?;
     }
     let mut spec = workload_spec(s, cfg.seed, cfg.load);
     spec.duration_s = cfg.duration_s;
     let arrivals = generate(&spec);
     let mut rows = Vec::new();
     for &(policy, signal) in &VARIANTS {
-        let label = format!("{} / {}", policy.as_str(), if signal == LoadSignal::Engine { "engine" } else { "inflight" });
+        let label = format!(
+            "{} / {}",
+            policy.as_str(),
+            if signal == LoadSignal::Engine {
+                "engine"
+            } else {
+                "inflight"
+            }
+        );
         progress(&format!("{label}: starting {} routers", s.routers));
         let mut routers = Procs(Vec::new());
         let mut router_urls = Vec::new();
         for _ in 0..s.routers {
             let port = free_port_block(1)?;
-            let mut args = vec!["route".to_string(), "--port".into(), port.to_string(), "--policy".into(), policy.as_str().into()];
-            args.extend(["--load-signal".into(), if signal == LoadSignal::Engine { "engine".into() } else { "inflight".into() }, "--worker-urls".into()]);
+            let mut args = vec![
+                "route".to_string(),
+                "--port".into(),
+                port.to_string(),
+                "--policy".into(),
+                policy.as_str().into(),
+            ];
+            args.extend([
+                "--load-signal".into(),
+                if signal == LoadSignal::Engine {
+                    "engine".into()
+                } else {
+                    "inflight".into()
+                },
+                "--worker-urls".into(),
+            ]);
             args.extend(engine_urls.iter().cloned());
             routers.0.push(spawn(&cfg.exe, &args)?);
             router_urls.push(format!("http://127.0.0.1:{port}"));
         }
         for u in &router_urls {
             wait_until("a router to see every engine's load", 30, || async {
-                get_json(&client, &format!("{u}/workers")).await.is_some_and(|v| {
-                    v["workers"].as_array().is_some_and(|ws| ws.len() == engine_urls.len() && ws.iter().all(|w| w["ranks"][0]["seq"].as_i64().is_some_and(|q| q >= 0)))
-                })
+                get_json(&client, &format!("{u}/workers"))
+                    .await
+                    .is_some_and(|v| {
+                        v["workers"].as_array().is_some_and(|ws| {
+                            ws.len() == engine_urls.len()
+                                && ws
+                                    .iter()
+                                    .all(|w| w["ranks"][0]["seq"].as_i64().is_some_and(|q| q >= 0))
+                        })
+                    })
             })
             .await?;
         }
@@ -134,17 +188,30 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
         let start = Instant::now();
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sampler = {
-            let (c, urls, samples, done) = (client.clone(), engine_urls.clone(), samples.clone(), done.clone());
+            let (c, urls, samples, done) = (
+                client.clone(),
+                engine_urls.clone(),
+                samples.clone(),
+                done.clone(),
+            );
             tokio::spawn(async move {
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     let mut w = Vec::new();
                     for u in &urls {
                         if let Some(v) = get_json(&c, &format!("{u}/v1/loads?include=core")).await {
-                            w.push(v["loads"].as_array().map_or(0.0, |l| l.iter().map(|x| x["num_waiting_reqs"].as_f64().unwrap_or(0.0)).sum()));
+                            w.push(v["loads"].as_array().map_or(0.0, |l| {
+                                l.iter()
+                                    .map(|x| x["num_waiting_reqs"].as_f64().unwrap_or(0.0))
+                                    .sum()
+                            }));
                         }
                     }
                     let m = w.iter().sum::<f64>() / w.len().max(1) as f64;
-                    let cv = if m > 0.0 { (w.iter().map(|x| (x - m).powi(2)).sum::<f64>() / w.len() as f64).sqrt() / m } else { 0.0 };
+                    let cv = if m > 0.0 {
+                        (w.iter().map(|x| (x - m).powi(2)).sum::<f64>() / w.len() as f64).sqrt() / m
+                    } else {
+                        0.0
+                    };
                     samples.lock().unwrap_or_else(|p| p.into_inner()).push(cv);
                     tokio::time::sleep(Duration::from_millis(1000)).await;
                 }
@@ -156,7 +223,9 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
             let target = if a.direct {
                 match s.direct {
                     DirectTarget::Pinned => engine_urls[0].clone(),
-                    DirectTarget::Uniform => engine_urls[(mix(i as u64 ^ 0xd1ec7) % engine_urls.len() as u64) as usize].clone(),
+                    DirectTarget::Uniform => engine_urls
+                        [(mix(i as u64 ^ 0xd1ec7) % engine_urls.len() as u64) as usize]
+                        .clone(),
                 }
             } else {
                 router_urls[i % router_urls.len()].clone()
@@ -166,7 +235,14 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until(at.into()).await;
                 let t0 = Instant::now();
-                let Ok(mut resp) = c.post(format!("{target}/v1/completions")).json(&body).send().await else { return };
+                let Ok(mut resp) = c
+                    .post(format!("{target}/v1/completions"))
+                    .json(&body)
+                    .send()
+                    .await
+                else {
+                    return;
+                };
                 if !resp.status().is_success() {
                     return;
                 }
@@ -175,7 +251,10 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
                     first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
                 }
                 if let Some(f) = first {
-                    results.lock().unwrap_or_else(|p| p.into_inner()).push((f * k, t0.elapsed().as_secs_f64() * k));
+                    results
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((f * k, t0.elapsed().as_secs_f64() * k));
                 }
             }));
         }
@@ -208,15 +287,24 @@ pub async fn run_live(cfg: &LiveConfig, mut progress: impl FnMut(&str)) -> Resul
                 makespan,
                 queue_cv: cvs.iter().sum::<f64>() / cvs.len().max(1) as f64,
                 decisions: decisions as u64,
-                fallback_decisions: if signal == LoadSignal::Engine { fallback as u64 } else { decisions as u64 },
+                fallback_decisions: if signal == LoadSignal::Engine {
+                    fallback as u64
+                } else {
+                    decisions as u64
+                },
             },
         });
         // Let the engines drain before the next variant.
         for u in &engine_urls {
             wait_until("the engines to drain", 120, || async {
-                get_json(&client, &format!("{u}/v1/loads?include=core")).await.is_some_and(|v| {
-                    v["loads"].as_array().is_some_and(|l| l.iter().all(|x| x["num_running_reqs"] == 0 && x["num_waiting_reqs"] == 0))
-                })
+                get_json(&client, &format!("{u}/v1/loads?include=core"))
+                    .await
+                    .is_some_and(|v| {
+                        v["loads"].as_array().is_some_and(|l| {
+                            l.iter()
+                                .all(|x| x["num_running_reqs"] == 0 && x["num_waiting_reqs"] == 0)
+                        })
+                    })
             })
             .await?;
         }

@@ -22,7 +22,10 @@ pub struct Scenario {
 }
 
 pub fn by_name(name: &str) -> Result<Scenario, String> {
-    let model = ModelConfig { max_running_requests: 64, ..ModelConfig::default() };
+    let model = ModelConfig {
+        max_running_requests: 64,
+        ..ModelConfig::default()
+    };
     let s1 = Scenario {
         name: "s1",
         about: "4 engines, 2 routers, 25% direct (uniform), streaming, 85% load, log-normal lengths",
@@ -36,8 +39,19 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
     };
     match name {
         "s1" => Ok(s1),
-        "s0" => Ok(Scenario { name: "s0", about: "fairness: 4 engines, 1 router, no direct traffic, 85% load", routers: 1, direct_fraction: 0.0, ..s1 }),
-        "s2" => Ok(Scenario { name: "s2", about: "S1 with the direct traffic pinned to engine 0", direct: DirectTarget::Pinned, ..s1 }),
+        "s0" => Ok(Scenario {
+            name: "s0",
+            about: "fairness: 4 engines, 1 router, no direct traffic, 85% load",
+            routers: 1,
+            direct_fraction: 0.0,
+            ..s1
+        }),
+        "s2" => Ok(Scenario {
+            name: "s2",
+            about: "S1 with the direct traffic pinned to engine 0",
+            direct: DirectTarget::Pinned,
+            ..s1
+        }),
         o => Err(format!("unknown scenario {o:?}; expected s0, s1 or s2")),
     }
 }
@@ -68,7 +82,8 @@ pub fn engine_capacity(m: &ModelConfig, w: &WorkloadSpec) -> f64 {
     let b = m.max_running_requests as f64;
     let ctx = w.mean_prompt() + w.mean_output() / 2.0;
     let step_us = t.base_us + t.per_batch_req_us * b + t.per_kv_token_us * b * ctx;
-    let per_req_us = w.mean_prompt() * (t.per_prefill_token_us + t.per_kv_token_us) + w.mean_output() * step_us / b;
+    let per_req_us = w.mean_prompt() * (t.per_prefill_token_us + t.per_kv_token_us)
+        + w.mean_output() * step_us / b;
     1e6 / per_req_us
 }
 
@@ -108,8 +123,16 @@ mod tests {
         let a = run(&s, 7, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
         let b = run(&s, 7, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
         assert_eq!(a.ttft, b.ttft);
-        assert_eq!((a.completed, a.decisions, a.fallback_decisions), (b.completed, b.decisions, b.fallback_decisions));
-        assert!(a.completed > 100 && a.completed == a.submitted, "everything finishes: {} of {}", a.completed, a.submitted);
+        assert_eq!(
+            (a.completed, a.decisions, a.fallback_decisions),
+            (b.completed, b.decisions, b.fallback_decisions)
+        );
+        assert!(
+            a.completed > 100 && a.completed == a.submitted,
+            "everything finishes: {} of {}",
+            a.completed,
+            a.submitted
+        );
         let c = run(&s, 8, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
         assert_ne!(a.ttft, c.ttft, "another seed, another run");
     }
@@ -121,7 +144,15 @@ mod tests {
         let inflight = run(&s, 3, 0.85, Policy::PowerOfTwo, LoadSignal::Inflight);
         let engine = run(&s, 3, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
         let p99 = |o: &Outcome| crate::sim::quantile(&o.ttft, 0.99);
-        assert!(p99(&engine) < p99(&inflight), "engine {} vs inflight {}", p99(&engine), p99(&inflight));
-        assert_eq!(engine.fallback_decisions, 0, "every engine reports, nothing goes stale");
+        assert!(
+            p99(&engine) < p99(&inflight),
+            "engine {} vs inflight {}",
+            p99(&engine),
+            p99(&inflight)
+        );
+        assert_eq!(
+            engine.fallback_decisions, 0,
+            "every engine reports, nothing goes stale"
+        );
     }
 }

@@ -63,7 +63,12 @@ pub struct Outcome {
 enum Ev {
     Arrive(usize),
     StepDone(usize),
-    Deliver { router: usize, engine: usize, seq: i64, snap: Box<LoadSnapshot> },
+    Deliver {
+        router: usize,
+        engine: usize,
+        seq: i64,
+        snap: Box<LoadSnapshot>,
+    },
     Heartbeat(usize),
     Sample,
 }
@@ -128,7 +133,11 @@ fn ms(t: f64) -> u64 {
 impl Sim<'_> {
     fn push(&mut self, t: f64, ev: Ev) {
         self.order += 1;
-        self.heap.push(Item { t, order: self.order, ev });
+        self.heap.push(Item {
+            t,
+            order: self.order,
+            ev,
+        });
     }
 
     fn publish(&mut self, e: usize, t: f64) {
@@ -136,7 +145,15 @@ impl Sim<'_> {
         let seq = self.engines[e].seq;
         self.engines[e].seq += 1;
         for r in 0..self.cfg.routers {
-            self.push(t + self.cfg.net_delay_s, Ev::Deliver { router: r, engine: e, seq, snap: Box::new(snap.clone()) });
+            self.push(
+                t + self.cfg.net_delay_s,
+                Ev::Deliver {
+                    router: r,
+                    engine: e,
+                    seq,
+                    snap: Box::new(snap.clone()),
+                },
+            );
         }
     }
 
@@ -191,7 +208,8 @@ impl Sim<'_> {
                     let publish = match eng.kind {
                         StepKind::Decode => {
                             eng.decode_steps += 1;
-                            eng.decode_steps % self.cfg.publish_every.max(1) as u64 == 0
+                            eng.decode_steps
+                                .is_multiple_of(self.cfg.publish_every.max(1) as u64)
                         }
                         _ => true,
                     };
@@ -203,7 +221,12 @@ impl Sim<'_> {
                         self.publish(e, t); // went idle: say so at once
                     }
                 }
-                Ev::Deliver { router, engine, seq, snap } => {
+                Ev::Deliver {
+                    router,
+                    engine,
+                    seq,
+                    snap,
+                } => {
                     self.books[router][engine].record_at(0, seq, &snap, ms(t));
                 }
                 Ev::Heartbeat(e) => {
@@ -215,10 +238,15 @@ impl Sim<'_> {
                     }
                 }
                 Ev::Sample => {
-                    let w: Vec<f64> = self.engines.iter().map(|e| e.sched.num_waiting() as f64).collect();
+                    let w: Vec<f64> = self
+                        .engines
+                        .iter()
+                        .map(|e| e.sched.num_waiting() as f64)
+                        .collect();
                     let m = w.iter().sum::<f64>() / w.len() as f64;
                     if m > 0.0 {
-                        let sd = (w.iter().map(|x| (x - m).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+                        let sd = (w.iter().map(|x| (x - m).powi(2)).sum::<f64>() / w.len() as f64)
+                            .sqrt();
                         self.cv_samples.push(sd / m);
                     } else {
                         self.cv_samples.push(0.0);
@@ -246,17 +274,26 @@ impl Sim<'_> {
             let r = i % self.cfg.routers;
             let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms);
             view.now_ms = ms(t);
-            let Some(pick) = self.cfg.policy.pick(&view, i as u64) else { return };
+            let Some(pick) = self.cfg.policy.pick(&view, i as u64) else {
+                return;
+            };
             let w = self.books[r][pick].clone();
             self.out.decisions += 1;
-            if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t)).source == Source::Fallback {
+            if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t))
+                .source
+                == Source::Fallback
+            {
                 self.out.fallback_decisions += 1;
             }
             self.reqs[i].guard = Some(InflightGuard::new(w));
             pick
         };
         self.reqs[i].arrived = t;
-        self.engines[engine].sched.submit(Submit { id: i as u64, prompt_tokens: a.prompt_tokens, max_new_tokens: a.output_tokens });
+        self.engines[engine].sched.submit(Submit {
+            id: i as u64,
+            prompt_tokens: a.prompt_tokens,
+            max_new_tokens: a.output_tokens,
+        });
         self.out.submitted += 1;
         self.start_step(engine, t);
     }
@@ -266,7 +303,11 @@ impl Sim<'_> {
 pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcome {
     let epoch = Instant::now();
     let books = (0..cfg.routers.max(1))
-        .map(|_| (0..cfg.engines.len()).map(|e| Arc::new(Worker::new(format!("sim://engine{e}"), 1, None, epoch))).collect())
+        .map(|_| {
+            (0..cfg.engines.len())
+                .map(|e| Arc::new(Worker::new(format!("sim://engine{e}"), 1, None, epoch)))
+                .collect()
+        })
         .collect();
     let mut sim = Sim {
         cfg,
@@ -276,10 +317,25 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
         engines: cfg
             .engines
             .iter()
-            .map(|m| EngineState { sched: Scheduler::new(*m), busy: false, pending: Vec::new(), kind: StepKind::Idle, seq: 0, decode_steps: 0 })
+            .map(|m| EngineState {
+                sched: Scheduler::new(*m),
+                busy: false,
+                pending: Vec::new(),
+                kind: StepKind::Idle,
+                seq: 0,
+                decode_steps: 0,
+            })
             .collect(),
         books,
-        reqs: arrivals.iter().map(|a| Req { arrived: a.t, first: None, done: None, guard: None }).collect(),
+        reqs: arrivals
+            .iter()
+            .map(|a| Req {
+                arrived: a.t,
+                first: None,
+                done: None,
+                guard: None,
+            })
+            .collect(),
         out: Outcome::default(),
         cv_samples: Vec::new(),
         horizon: horizon_s,
@@ -293,7 +349,11 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
         }
     }
     out.completed = out.e2e.len();
-    out.queue_cv = if sim.cv_samples.is_empty() { 0.0 } else { sim.cv_samples.iter().sum::<f64>() / sim.cv_samples.len() as f64 };
+    out.queue_cv = if sim.cv_samples.is_empty() {
+        0.0
+    } else {
+        sim.cv_samples.iter().sum::<f64>() / sim.cv_samples.len() as f64
+    };
     out
 }
 

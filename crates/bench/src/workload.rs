@@ -69,7 +69,10 @@ pub struct Arrival {
 pub enum Pattern {
     Poisson,
     /// On/off: `burst` × the mean rate for `on_s`, then idle, keeping the same mean rate.
-    Bursty { burst: f64, on_s: f64 },
+    Bursty {
+        burst: f64,
+        on_s: f64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -126,8 +129,14 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<Arrival> {
         }
         out.push(Arrival {
             t,
-            prompt_tokens: clamp_tokens(rng.lognormal(spec.prompt_median, spec.prompt_sigma), spec.max_tokens),
-            output_tokens: clamp_tokens(rng.lognormal(spec.output_median, spec.output_sigma), spec.max_tokens),
+            prompt_tokens: clamp_tokens(
+                rng.lognormal(spec.prompt_median, spec.prompt_sigma),
+                spec.max_tokens,
+            ),
+            output_tokens: clamp_tokens(
+                rng.lognormal(spec.output_median, spec.output_sigma),
+                spec.max_tokens,
+            ),
             stream: rng.unit() < spec.stream_fraction,
             direct: rng.unit() < spec.direct_fraction,
         });
@@ -139,21 +148,39 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<Arrival> {
 /// (optional `"stream"`, `"direct"` booleans). Errors name the line and the field.
 pub fn read_trace(text: &str) -> Result<Vec<Arrival>, String> {
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("trace line {}: not JSON ({e})", i + 1))?;
-        let num = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).ok_or_else(|| format!("trace line {}: {k}: expected a number", i + 1));
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| format!("trace line {}: not JSON ({e})", i + 1))?;
+        let num = |k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_f64)
+                .ok_or_else(|| format!("trace line {}: {k}: expected a number", i + 1))
+        };
         let t = num("t")?;
         let p = num("prompt_tokens")?;
         let o = num("output_tokens")?;
         if !(t >= 0.0 && p >= 1.0 && o >= 1.0) {
-            return Err(format!("trace line {}: t must be ≥ 0 and token counts ≥ 1", i + 1));
+            return Err(format!(
+                "trace line {}: t must be ≥ 0 and token counts ≥ 1",
+                i + 1
+            ));
         }
         out.push(Arrival {
             t,
             prompt_tokens: p as u64,
             output_tokens: o as u64,
-            stream: v.get("stream").and_then(serde_json::Value::as_bool).unwrap_or(true),
-            direct: v.get("direct").and_then(serde_json::Value::as_bool).unwrap_or(false),
+            stream: v
+                .get("stream")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(true),
+            direct: v
+                .get("direct")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false),
         });
     }
     out.sort_by(|a, b| a.t.total_cmp(&b.t));
@@ -185,27 +212,42 @@ mod tests {
         let s = spec(Pattern::Poisson);
         let a = generate(&s);
         let n = a.len() as f64;
-        assert!((n / s.duration_s - s.rate).abs() < 0.3, "rate {}", n / s.duration_s);
+        assert!(
+            (n / s.duration_s - s.rate).abs() < 0.3,
+            "rate {}",
+            n / s.duration_s
+        );
         // ln(prompt) ~ N(ln 500, 0.8²)
         let logs: Vec<f64> = a.iter().map(|x| (x.prompt_tokens as f64).ln()).collect();
         let mean = logs.iter().sum::<f64>() / n;
         let sd = (logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / n).sqrt();
-        assert!((mean - 500f64.ln()).abs() < 0.02 && (sd - 0.8).abs() < 0.02, "mean {mean} sd {sd}");
+        assert!(
+            (mean - 500f64.ln()).abs() < 0.02 && (sd - 0.8).abs() < 0.02,
+            "mean {mean} sd {sd}"
+        );
         let out_mean = a.iter().map(|x| x.output_tokens as f64).sum::<f64>() / n;
-        assert!((out_mean / s.mean_output() - 1.0).abs() < 0.03, "output mean {out_mean} vs {}", s.mean_output());
+        assert!(
+            (out_mean / s.mean_output() - 1.0).abs() < 0.03,
+            "output mean {out_mean} vs {}",
+            s.mean_output()
+        );
         let direct = a.iter().filter(|x| x.direct).count() as f64 / n;
         let stream = a.iter().filter(|x| x.stream).count() as f64 / n;
         assert!((direct - 0.25).abs() < 0.01 && (stream - 0.7).abs() < 0.01);
         // Exponential gaps: coefficient of variation ≈ 1.
         let gaps: Vec<f64> = a.windows(2).map(|w| w[1].t - w[0].t).collect();
         let gm = gaps.iter().sum::<f64>() / gaps.len() as f64;
-        let gcv = (gaps.iter().map(|g| (g - gm).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt() / gm;
+        let gcv =
+            (gaps.iter().map(|g| (g - gm).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt() / gm;
         assert!((gcv - 1.0).abs() < 0.05, "gap CV {gcv}");
     }
 
     #[test]
     fn bursty_keeps_the_mean_rate_and_is_burstier() {
-        let s = spec(Pattern::Bursty { burst: 4.0, on_s: 5.0 });
+        let s = spec(Pattern::Bursty {
+            burst: 4.0,
+            on_s: 5.0,
+        });
         let a = generate(&s);
         let rate = a.len() as f64 / s.duration_s;
         assert!((rate - s.rate).abs() / s.rate < 0.05, "mean rate {rate}");
@@ -220,9 +262,16 @@ mod tests {
 
     #[test]
     fn same_seed_same_workload_and_trace_parsing() {
-        assert_eq!(generate(&spec(Pattern::Poisson)), generate(&spec(Pattern::Poisson)));
+        assert_eq!(
+            generate(&spec(Pattern::Poisson)),
+            generate(&spec(Pattern::Poisson))
+        );
         let t = read_trace("{\"t\": 1.5, \"prompt_tokens\": 10, \"output_tokens\": 3}\n\n{\"t\": 0.5, \"prompt_tokens\": 7, \"output_tokens\": 2, \"direct\": true}").unwrap();
         assert_eq!((t[0].t, t[0].direct, t[1].prompt_tokens), (0.5, true, 10));
-        assert!(read_trace("{\"t\": 1}").unwrap_err().contains("prompt_tokens"));
+        assert!(
+            read_trace("{\"t\": 1}")
+                .unwrap_err()
+                .contains("prompt_tokens")
+        );
     }
 }

@@ -63,7 +63,15 @@ pub struct SimArgs {
 }
 
 fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
-    format!("{} / {}", v.0.as_str(), if v.1 == LoadSignal::Engine { "engine" } else { "inflight" })
+    format!(
+        "{} / {}",
+        v.0.as_str(),
+        if v.1 == LoadSignal::Engine {
+            "engine"
+        } else {
+            "inflight"
+        }
+    )
 }
 
 pub fn run(c: BenchCommand) -> Result<()> {
@@ -77,27 +85,57 @@ pub fn run(c: BenchCommand) -> Result<()> {
     }
     let load = a.load.unwrap_or(s.load);
     std::fs::create_dir_all(&a.out).with_context(|| format!("--out {}", a.out.display()))?;
-    println!("scenario {}: {} (seed {}, load {load:.2}, {} s of arrivals)", s.name, s.about, a.seed, s.duration_s);
-    let rows: Vec<Row> = VARIANTS.iter().map(|&v| Row { label: label(v), load, outcome: scenario::run(&s, a.seed, load, v.0, v.1) }).collect();
+    println!(
+        "scenario {}: {} (seed {}, load {load:.2}, {} s of arrivals)",
+        s.name, s.about, a.seed, s.duration_s
+    );
+    let rows: Vec<Row> = VARIANTS
+        .iter()
+        .map(|&v| Row {
+            label: label(v),
+            load,
+            outcome: scenario::run(&s, a.seed, load, v.0, v.1),
+        })
+        .collect();
     print!("{}", table(&rows));
     let mut doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": a.seed, "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
-    std::fs::write(a.out.join(format!("{}-ttft-cdf.svg", s.name)), cdf_svg(&format!("{}: TTFT CDF (load {load:.2})", s.name.to_uppercase()), &rows))?;
+    std::fs::write(
+        a.out.join(format!("{}-ttft-cdf.svg", s.name)),
+        cdf_svg(
+            &format!("{}: TTFT CDF (load {load:.2})", s.name.to_uppercase()),
+            &rows,
+        ),
+    )?;
     if a.sweep {
         let mut sweep = Vec::new();
         for l in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0] {
             eprint!("\rsweep: load {l:.2}  ");
             let _ = std::io::stderr().flush();
             for &v in &VARIANTS {
-                sweep.push(Row { label: label(v), load: l, outcome: scenario::run(&s, a.seed, l, v.0, v.1) });
+                sweep.push(Row {
+                    label: label(v),
+                    load: l,
+                    outcome: scenario::run(&s, a.seed, l, v.0, v.1),
+                });
             }
         }
         eprintln!();
         doc["sweep"] = sweep.iter().map(row_json).collect();
-        std::fs::write(a.out.join(format!("{}-p99-vs-load.svg", s.name)), sweep_svg(&format!("{}: p99 TTFT vs load", s.name.to_uppercase()), &sweep))?;
+        std::fs::write(
+            a.out.join(format!("{}-p99-vs-load.svg", s.name)),
+            sweep_svg(
+                &format!("{}: p99 TTFT vs load", s.name.to_uppercase()),
+                &sweep,
+            ),
+        )?;
     }
     let path = a.out.join(format!("{}.json", s.name));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    println!("wrote {} and the plots in {}", path.display(), a.out.display());
+    println!(
+        "wrote {} and the plots in {}",
+        path.display(),
+        a.out.display()
+    );
     Ok(())
 }
 
@@ -115,9 +153,14 @@ fn live(a: LiveArgs) -> Result<()> {
         time_scale: a.time_scale,
         duration_s: a.duration,
     };
-    println!("live {}: {} (seed {}, load {:.2}, {} virtual s per variant at time-scale {})", s.name, s.about, a.seed, cfg.load, a.duration, a.time_scale);
+    println!(
+        "live {}: {} (seed {}, load {:.2}, {} virtual s per variant at time-scale {})",
+        s.name, s.about, a.seed, cfg.load, a.duration, a.time_scale
+    );
     let started = std::time::Instant::now();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let rows = rt
         .block_on(loadlink_bench::live::run_live(&cfg, |m| {
             eprint!("\r[{:>5.0}s] {m:<60}", started.elapsed().as_secs_f64());
@@ -129,7 +172,14 @@ fn live(a: LiveArgs) -> Result<()> {
     let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": a.seed, "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
     let path = a.out.join(format!("{}-live.json", s.name));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    std::fs::write(a.out.join(format!("{}-live-ttft-cdf.svg", s.name)), cdf_svg(&format!("{} live: TTFT CDF", s.name.to_uppercase()), &rows))?;
-    println!("wrote {} ({:.0} s wall)", path.display(), started.elapsed().as_secs_f64());
+    std::fs::write(
+        a.out.join(format!("{}-live-ttft-cdf.svg", s.name)),
+        cdf_svg(&format!("{} live: TTFT CDF", s.name.to_uppercase()), &rows),
+    )?;
+    println!(
+        "wrote {} ({:.0} s wall)",
+        path.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

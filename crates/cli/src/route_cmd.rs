@@ -32,6 +32,9 @@ pub struct RouteArgs {
     /// Largest accepted request body (bytes); larger ones get 413.
     #[arg(long, default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// A request body must arrive within this many ms (bounds slow-body clients); else 408.
+    #[arg(long, default_value_t = 30_000)]
+    body_timeout_ms: u64,
     /// Retries on another worker after a connect error or 502/503/504 (before any byte is sent).
     #[arg(long, default_value_t = 2)]
     max_retries: u32,
@@ -123,6 +126,7 @@ pub fn run(a: RouteArgs) -> Result<()> {
         load_signal: a.load_signal,
         freshness_ms: a.freshness_ms,
         max_body_bytes: a.max_body_bytes,
+        body_timeout_ms: a.body_timeout_ms,
         max_retries: a.max_retries,
         breaker_threshold: a.breaker_threshold.max(1),
         breaker_cooldown_ms: a.breaker_cooldown_ms,

@@ -22,9 +22,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// A response body that holds the request's in-flight guard until it ends or is dropped.
+///
+/// If the upstream dies mid-stream (worker killed), an SSE response ends with a clean error event
+/// and `data: [DONE]` instead of a cut connection, so clients can tell "failed" from "truncated".
 pub struct GuardedBody {
     inner: hyper::body::Incoming,
     guard: Option<InflightGuard>,
+    sse: bool,
+    finished: bool,
 }
 
 impl HttpBody for GuardedBody {
@@ -35,15 +40,36 @@ impl HttpBody for GuardedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
         let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) | Poll::Ready(Some(Err(_))) = r {
-            self.guard = None;
+        match r {
+            Poll::Ready(None) => {
+                self.guard = None;
+                self.finished = true;
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // Releasing the guard here (not at drop) keeps the in-flight count exact.
+                if let Some(w) = self.guard.take().map(|g| g.worker().clone()) {
+                    w.failures_total.fetch_add(1, Relaxed);
+                }
+                self.finished = true;
+                if self.sse {
+                    let msg = serde_json::json!({ "error": { "message": format!("the worker failed mid-stream: {e}"), "code": 502 } });
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
+                        "data: {msg}\n\ndata: [DONE]\n\n"
+                    ))))));
+                }
+                return Poll::Ready(Some(Err(e)));
+            }
+            _ => {}
         }
         r
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.finished || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -128,9 +154,15 @@ pub async fn forward(
                 worker.succeeded();
                 st.metrics.observe_ttfb(started.elapsed());
                 let (parts, incoming) = resp.into_parts();
+                let sse = parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
                 let mut out = Response::new(Body::new(GuardedBody {
                     inner: incoming,
                     guard: Some(guard),
+                    sse,
+                    finished: false,
                 }));
                 *out.status_mut() = parts.status;
                 for h in [header::CONTENT_TYPE, header::CACHE_CONTROL] {

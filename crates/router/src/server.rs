@@ -29,6 +29,8 @@ pub struct RouterConfig {
     /// Snapshots older than this are stale (every rank must be fresh).
     pub freshness_ms: u64,
     pub max_body_bytes: usize,
+    /// A request body must arrive within this (slow-body / slowloris bound).
+    pub body_timeout_ms: u64,
     pub max_retries: u32,
     pub retry_initial_backoff_ms: u64,
     pub retry_max_backoff_ms: u64,
@@ -50,6 +52,7 @@ impl Default for RouterConfig {
             load_signal: LoadSignal::Engine,
             freshness_ms: 3000,
             max_body_bytes: 16 << 20,
+            body_timeout_ms: 30_000,
             max_retries: 2,
             retry_initial_backoff_ms: 50,
             retry_max_backoff_ms: 1000,
@@ -281,10 +284,21 @@ async fn proxied(State(st): State<Arc<AppState>>, req: Request) -> Response {
     if declared.is_some_and(|n| n > limit) {
         return too_big();
     }
-    let bytes: Bytes = match axum::body::to_bytes(Body::new(body), limit).await {
-        Ok(b) => b,
-        Err(_) => return too_big(),
-    };
+    let read = axum::body::to_bytes(Body::new(body), limit);
+    let bytes: Bytes =
+        match tokio::time::timeout(Duration::from_millis(st.cfg.body_timeout_ms), read).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(_)) => return too_big(),
+            Err(_) => {
+                return error_response(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!(
+                        "the request body did not arrive within --body-timeout-ms ({} ms)",
+                        st.cfg.body_timeout_ms
+                    ),
+                );
+            }
+        };
     crate::proxy::forward(st, parts.method, parts.uri, parts.headers, bytes).await
 }
 

@@ -1,0 +1,254 @@
+//! Faults and hostile input on real sockets: a lying/malformed load publisher, a slow-body client,
+//! and a worker that dies mid-stream (its socket closed the way the kernel closes a SIGKILLed
+//! process's sockets).
+
+use axum::routing::{get, post};
+use loadlink_router::book::MAX_REPORTED;
+use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
+use loadlink_wire::LoadSnapshot;
+use loadlink_wire::codec::snapshot_bytes;
+use loadlink_wire::frame::seq_frame;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn router(urls: Vec<String>, tweak: impl FnOnce(&mut RouterConfig)) -> RouterHandle {
+    let mut cfg = RouterConfig {
+        port: 0,
+        worker_urls: urls,
+        policy: Policy::PowerOfTwo,
+        load_signal: LoadSignal::Engine,
+        ..Default::default()
+    };
+    tweak(&mut cfg);
+    loadlink_router::start(cfg).await.unwrap()
+}
+
+/// An HTTP worker advertising a load socket at `load_port` (which the test feeds itself).
+async fn http_worker(load_port: Option<u16>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let kv = load_port.map_or(Value::Null, |p| {
+        json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": p - 1, "topic": "", "block_size": 16, "dp_size": 1, "load_endpoint_port_base": p})
+    });
+    let info = json!({ "kv_events": kv });
+    let app = axum::Router::new()
+        .route(
+            "/server_info",
+            get(move || {
+                let info = info.clone();
+                async move { axum::Json(info) }
+            }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/completions",
+            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+async fn worker_json(c: &reqwest::Client, r: &str, url: &str) -> Value {
+    let v: Value = c
+        .get(format!("{r}/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .unwrap()
+        .clone()
+}
+
+fn dropped(metrics: &str, worker: &str, reason: &str) -> u64 {
+    let key = format!("loadlink_frames_dropped_total{{worker=\"{worker}\",reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_keeps_serving() {
+    let (liar_port, honest_port) = (48701u16, 48711u16);
+    let liar = http_worker(Some(liar_port)).await;
+    let honest = http_worker(Some(honest_port)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    std::thread::spawn(move || {
+        let ctx = zmq::Context::new();
+        let bad = ctx.socket(zmq::PUB).unwrap();
+        bad.bind(&format!("tcp://*:{liar_port}")).unwrap();
+        let good = ctx.socket(zmq::PUB).unwrap();
+        good.bind(&format!("tcp://*:{honest_port}")).unwrap();
+        let lie = snapshot_bytes(&LoadSnapshot {
+            num_waiting_reqs: i64::MAX,
+            num_running_reqs: -5,
+            ..Default::default()
+        });
+        let mut u64_max = vec![0x81, 0xa0 | 16];
+        u64_max.extend_from_slice(b"num_waiting_reqs");
+        u64_max.extend_from_slice(&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        let honest_load = snapshot_bytes(&LoadSnapshot {
+            num_waiting_reqs: 3,
+            ..Default::default()
+        });
+        let mut seq = 0i64;
+        while !s2.load(Ordering::Relaxed) {
+            seq += 1;
+            let s = seq_frame(seq);
+            let send = |frames: &[&[u8]]| {
+                let _ = bad.send_multipart(frames.iter().copied(), zmq::DONTWAIT);
+            };
+            send(&[b"", &lie]); // 2 frames
+            send(&[b"", &s, &lie, b"x"]); // 4 frames
+            send(&[b"", &s[..7], &lie]); // 7-byte seq
+            send(&[b"", &[0; 9], &lie]); // 9-byte seq
+            send(&[b"", &[0xff; 8], &lie]); // seq -1: end marker
+            send(&[b"", &s, b"\xc1\xc1 not msgpack"]); // garbage
+            send(&[b"", &s, &u64_max]); // u64::MAX in an int field
+            send(&[b"", &s, &lie]); // well-formed, absurd values
+            let _ = good.send_multipart([&b""[..], &s, &honest_load], zmq::DONTWAIT);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let r = router(vec![liar.clone(), honest.clone()], |_| {}).await;
+    let c = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let metrics = loop {
+        let m = c
+            .get(format!("{}/metrics", r.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if ["frame_count", "seq_length", "end_marker", "payload"]
+            .iter()
+            .all(|k| dropped(&m, &liar, k) > 0)
+        {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every malformation was counted:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dropped(&metrics, &honest, "payload"), 0);
+    let w = worker_json(&c, &r.url(), &liar).await;
+    assert_eq!(w["source"], "engine");
+    assert_eq!(
+        w["load"].as_i64().unwrap(),
+        MAX_REPORTED,
+        "i64::MAX waiting clamped, −5 running read as 0"
+    );
+    // The liar repels traffic, but only as far as any very loaded worker would: the honest one
+    // gets the requests and the router answers every one.
+    for _ in 0..20 {
+        let resp = c
+            .post(format!("{}/v1/completions", r.url()))
+            .json(&json!({"prompt": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["x-loadlink-worker"].to_str().unwrap(),
+            honest
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_gets_408_and_the_router_is_unaffected() {
+    let w = http_worker(None).await;
+    let r = router(vec![w], |c| c.body_timeout_ms = 300).await;
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":").await.unwrap();
+    let mut buf = vec![0u8; 2048];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("the router answers a stalled body")
+        .unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(head.contains("--body-timeout-ms"));
+    let ok = reqwest::Client::new()
+        .post(format!("{}/v1/completions", r.url()))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event_and_no_leak() {
+    // A raw HTTP worker: /server_info says "no load range"; a completion starts an SSE stream,
+    // sends two events, then the socket is closed without finishing the chunked body.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                if req.starts_with("GET /server_info") {
+                    let body = r#"{"kv_events":null}"#;
+                    let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await;
+                    return;
+                }
+                let _ = sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n").await;
+                for i in 0..2 {
+                    let ev = format!("data: {{\"i\":{i}}}\n\n");
+                    let _ = sock
+                        .write_all(format!("{:x}\r\n{ev}\r\n", ev.len()).as_bytes())
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // "SIGKILL": the connection goes away mid-body.
+                drop(sock);
+            });
+        }
+    });
+    let r = router(vec![url.clone()], |_| {}).await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/completions", r.url()))
+        .json(&json!({"prompt": "x", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp
+        .text()
+        .await
+        .expect("the client sees a clean end, not a cut connection");
+    assert!(text.starts_with("data: {\"i\":0}"), "{text}");
+    assert!(text.contains("the worker failed mid-stream"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let st = r.state.clone();
+    assert!(
+        st.fleet.workers().iter().all(|w| w.inflight() == 0),
+        "no in-flight leak"
+    );
+    r.stop().await;
+}
