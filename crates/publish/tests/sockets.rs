@@ -358,3 +358,61 @@ fn shm_sink_round_trips_and_seeds_its_slot() {
         Payload::Snapshot(small)
     );
 }
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn churning_subscribers_neither_block_publish_nor_grow_memory() {
+    let ctx = zmq::Context::new();
+    let p = PubSink::bind(&ctx, "tcp://*:41061", Generation::Snapshot, 0, 1).unwrap();
+    let mut publisher = Publisher::new(|| Ok(snap(0, 1)), vec![Box::new(p) as Box<dyn Sink>]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ctx2, stop2) = (ctx.clone(), stop.clone());
+    let churn = std::thread::spawn(move || {
+        let mut n = 0;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let s = ctx2.socket(zmq::SUB).unwrap();
+            s.set_subscribe(b"").unwrap();
+            s.set_linger(0).unwrap();
+            s.connect("tcp://127.0.0.1:41061").unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+            drop(s);
+            n += 1;
+        }
+        n
+    });
+    for _ in 0..20_000 {
+        publisher.publish(false);
+    }
+    let warm = rss_kib();
+    for _ in 0..100_000 {
+        publisher.publish(false);
+    }
+    let after = rss_kib();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cycles = churn.join().unwrap();
+    assert!(
+        cycles > 10,
+        "the subscriber really churned ({cycles} connects)"
+    );
+    assert_eq!(
+        publisher.stats()[0]
+            .1
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed),
+        120_000
+    );
+    assert!(
+        after < warm + 16 * 1024,
+        "RSS grew from {warm} KiB to {after} KiB over 100,000 publishes"
+    );
+}

@@ -252,3 +252,64 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event_and_no_le
     );
     r.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_worker_is_used_again_when_it_comes_back() {
+    let live = http_worker(None).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let r = router(vec![live.clone(), dead.clone()], |c| {
+        c.discovery_attempts = 1;
+        c.breaker_cooldown_ms = 200;
+        c.health_interval_ms = 100;
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let send = || async {
+        let resp = c
+            .post(format!("{}/v1/completions", r.url()))
+            .json(&json!({"prompt": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            200,
+            "requests never fail while a worker is down"
+        );
+        resp.headers()["x-loadlink-worker"]
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    for _ in 0..10 {
+        assert_eq!(send().await, live);
+    }
+    // The worker comes back on the same address.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/completions",
+            post(|| async { axum::Json(json!({"choices": [{"text": "back"}]})) }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if send().await == dead {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the revived worker never got traffic again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    r.stop().await;
+}
