@@ -134,15 +134,7 @@ pub async fn run_live(
     let arrivals = generate(&spec);
     let mut rows = Vec::new();
     for &(policy, signal) in &VARIANTS {
-        let label = format!(
-            "{} / {}",
-            policy.as_str(),
-            if signal == LoadSignal::Engine {
-                "engine"
-            } else {
-                "inflight"
-            }
-        );
+        let label = format!("{} / {}", policy.as_str(), signal.as_str());
         progress(&format!("{label}: starting {} routers", s.routers));
         let mut routers = Procs(Vec::new());
         let mut router_urls = Vec::new();
@@ -157,11 +149,7 @@ pub async fn run_live(
             ];
             args.extend([
                 "--load-signal".into(),
-                if signal == LoadSignal::Engine {
-                    "engine".into()
-                } else {
-                    "inflight".into()
-                },
+                signal.as_str().into(),
                 "--worker-urls".into(),
             ]);
             args.extend(engine_urls.iter().cloned());
@@ -287,7 +275,7 @@ pub async fn run_live(
                 makespan,
                 queue_cv: cvs.iter().sum::<f64>() / cvs.len().max(1) as f64,
                 decisions: decisions as u64,
-                fallback_decisions: if signal == LoadSignal::Engine {
+                fallback_decisions: if signal != LoadSignal::Inflight {
                     fallback as u64
                 } else {
                     decisions as u64

@@ -88,12 +88,14 @@ pub fn engine_capacity(m: &ModelConfig, w: &WorkloadSpec) -> f64 {
 }
 
 /// The policy × signal combinations every report compares.
-pub const VARIANTS: [(Policy, LoadSignal); 5] = [
+pub const VARIANTS: [(Policy, LoadSignal); 7] = [
     (Policy::RoundRobin, LoadSignal::Inflight),
     (Policy::PowerOfTwo, LoadSignal::Inflight),
     (Policy::PowerOfTwo, LoadSignal::Engine),
+    (Policy::PowerOfTwo, LoadSignal::Backlog),
     (Policy::LeastLoad, LoadSignal::Inflight),
     (Policy::LeastLoad, LoadSignal::Engine),
+    (Policy::LeastLoad, LoadSignal::Backlog),
 ];
 
 /// Runs one variant of a scenario at `load` (fraction of nominal capacity).

@@ -63,15 +63,7 @@ pub struct SimArgs {
 }
 
 fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
-    format!(
-        "{} / {}",
-        v.0.as_str(),
-        if v.1 == LoadSignal::Engine {
-            "engine"
-        } else {
-            "inflight"
-        }
-    )
+    format!("{} / {}", v.0.as_str(), v.1.as_str())
 }
 
 pub fn run(c: BenchCommand) -> Result<()> {

@@ -123,9 +123,9 @@ async fn demo(a: DemoArgs) -> Result<()> {
         ..Default::default()
     };
     // Prefer the well-known port (so /workers is easy to find); take any if it is busy.
-    let engine_router = match loadlink_router::start(mk(LoadSignal::Engine, a.router_port)).await {
+    let engine_router = match loadlink_router::start(mk(LoadSignal::Backlog, a.router_port)).await {
         Ok(r) => r,
-        Err(_) => loadlink_router::start(mk(LoadSignal::Engine, 0)).await?,
+        Err(_) => loadlink_router::start(mk(LoadSignal::Backlog, 0)).await?,
     };
     let inflight_router = loadlink_router::start(mk(LoadSignal::Inflight, 0)).await?;
     println!(
@@ -205,7 +205,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
         "router", "requests", "p50 (s)", "p99 (s)"
     );
     for (name, v) in [
-        ("engine load (P2C)", &mut t.engine),
+        ("engine backlog (P2C)", &mut t.engine),
         ("in-flight (P2C)", &mut t.inflight),
     ] {
         let n = v.len();

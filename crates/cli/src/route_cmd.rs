@@ -13,9 +13,10 @@ pub struct RouteArgs {
     /// round_robin | random | power_of_two | least_load.
     #[arg(long, default_value = "power_of_two", value_parser = Policy::parse)]
     policy: Policy,
-    /// engine: price workers on engine-reported queue depth (in-flight fallback when stale or
-    /// absent); inflight: only this router's own in-flight count.
-    #[arg(long, default_value = "engine", value_parser = parse_signal)]
+    /// engine: price workers on engine-reported queue depth (running + waiting); backlog: on the
+    /// engine-reported prefill backlog in tokens (a proxy for time to first token); both fall back
+    /// to in-flight when stale or absent. inflight: only this router's own in-flight count.
+    #[arg(long, default_value = "backlog", value_parser = parse_signal)]
     load_signal: LoadSignal,
     /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -60,13 +61,7 @@ pub struct RouteArgs {
 }
 
 fn parse_signal(s: &str) -> Result<LoadSignal, String> {
-    match s {
-        "engine" => Ok(LoadSignal::Engine),
-        "inflight" => Ok(LoadSignal::Inflight),
-        o => Err(format!(
-            "unknown load signal {o:?}; expected engine or inflight"
-        )),
-    }
+    LoadSignal::parse(s)
 }
 
 fn apply_file(cfg: &mut RouterConfig, path: &std::path::Path) -> Result<()> {

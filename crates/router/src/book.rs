@@ -40,18 +40,53 @@ impl Source {
 /// Which signal policies price workers on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LoadSignal {
-    /// Engine-reported queue depth, with in-flight fallback (default).
-    #[default]
+    /// Engine-reported queue depth (running + waiting), with in-flight fallback.
     Engine,
     /// The router's own in-flight count only (the classic behaviour, for comparison).
     Inflight,
+    /// Engine-reported prefill backlog (`num_waiting_uncached_tokens`) plus a weight per queued
+    /// request, plus an estimate for what this router dispatched since: a proxy for the time a new
+    /// request waits for its first token. With in-flight fallback. The default: it measured best.
+    #[default]
+    Backlog,
 }
+
+impl LoadSignal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadSignal::Engine => "engine",
+            LoadSignal::Inflight => "inflight",
+            LoadSignal::Backlog => "backlog",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "engine" => Ok(LoadSignal::Engine),
+            "inflight" => Ok(LoadSignal::Inflight),
+            "backlog" => Ok(LoadSignal::Backlog),
+            o => Err(format!(
+                "unknown load signal {o:?}; expected engine, backlog or inflight"
+            )),
+        }
+    }
+}
+
+/// Prompt tokens assumed per request dispatched since the last snapshot (backlog signal).
+pub const DISPATCH_TOKENS_GUESS: i64 = 512;
+
+/// Under the backlog signal, each running or waiting request also weighs this many tokens: the
+/// backlog alone misses a full batch whose waiting requests wait for decode, not prefill.
+/// (Chosen from 1 / 32 / 128 / 512 on S0–S2; see docs/results.md.)
+pub const REQUEST_TOKENS_WEIGHT: i64 = 128;
 
 /// A worker's load as a policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Load {
     pub requests: i64,
     pub tokens: i64,
+    /// What policies compare: `requests`, or the backlog cost under [`LoadSignal::Backlog`].
+    pub score: i64,
     pub source: Source,
     /// Age of the oldest rank snapshot, ms (`u64::MAX` when there is none).
     pub age_ms: u64,
@@ -72,6 +107,8 @@ pub struct RankState {
     pub restarts: AtomicU64,
     pub running: AtomicI64,
     pub waiting: AtomicI64,
+    /// Prompt tokens waiting for prefill (`num_waiting_uncached_tokens`).
+    pub backlog: AtomicI64,
     /// f64 bits of the KV token usage (0–1).
     pub token_usage_bits: AtomicU64,
 }
@@ -101,6 +138,7 @@ pub struct Worker {
     /// rank never reported), smallest dispatch mark.
     agg_requests: AtomicI64,
     agg_tokens: AtomicI64,
+    agg_backlog: AtomicI64,
     agg_oldest_rx: AtomicU64,
     agg_mark: AtomicU64,
     epoch: Instant,
@@ -135,6 +173,7 @@ impl Worker {
             dropped: Default::default(),
             agg_requests: AtomicI64::new(0),
             agg_tokens: AtomicI64::new(0),
+            agg_backlog: AtomicI64::new(0),
             agg_oldest_rx: AtomicU64::new(0),
             agg_mark: AtomicU64::new(0),
             epoch,
@@ -180,6 +219,10 @@ impl Worker {
         r.waiting.store(waiting, Relaxed);
         r.requests.store(running + waiting, Relaxed);
         r.tokens.store(tokens, Relaxed);
+        r.backlog.store(
+            clamp(snap.num_waiting_uncached_tokens, MAX_REPORTED * 1000),
+            Relaxed,
+        );
         let usage = snap.token_usage();
         r.token_usage_bits.store(
             if usage.is_finite() {
@@ -208,8 +251,10 @@ impl Worker {
     }
 
     fn aggregate(&self) {
-        let (mut e, mut tokens, mut oldest, mut mark) = (0i64, 0i64, u64::MAX, u64::MAX);
+        let (mut e, mut tokens, mut oldest, mut mark, mut backlog) =
+            (0i64, 0i64, u64::MAX, u64::MAX, 0i64);
         for r in &self.ranks {
+            backlog += r.backlog.load(Relaxed);
             e += r.requests.load(Relaxed);
             tokens += r.tokens.load(Relaxed);
             oldest = oldest.min(r.received_ms.load(Relaxed));
@@ -218,6 +263,7 @@ impl Worker {
         // Receive time last: a reader that sees it fresh sees the sums that go with it.
         self.agg_requests.store(e, Relaxed);
         self.agg_tokens.store(tokens, Relaxed);
+        self.agg_backlog.store(backlog, Relaxed);
         self.agg_mark.store(mark, Relaxed);
         self.agg_oldest_rx
             .store(oldest, std::sync::atomic::Ordering::Release);
@@ -232,9 +278,16 @@ impl Worker {
     #[inline]
     pub fn load_at(&self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
         let f = self.inflight.load(Relaxed).max(0);
+        // Under the backlog signal every score is in prompt tokens, fallback included.
+        let unit = if signal == LoadSignal::Backlog {
+            DISPATCH_TOKENS_GUESS
+        } else {
+            1
+        };
         let fallback = |age_ms| Load {
             requests: f,
             tokens: 0,
+            score: f * unit,
             source: Source::Fallback,
             age_ms,
         };
@@ -258,8 +311,18 @@ impl Worker {
             return fallback(age_ms);
         }
         let d = self.dispatched.load(Relaxed).saturating_sub(mark) as i64;
+        let requests = f.max(e + d);
+        let score = match signal {
+            LoadSignal::Backlog => {
+                self.agg_backlog.load(Relaxed)
+                    + d * DISPATCH_TOKENS_GUESS
+                    + e * REQUEST_TOKENS_WEIGHT
+            }
+            _ => requests,
+        };
         Load {
-            requests: f.max(e + d),
+            requests,
+            score,
             tokens,
             source: Source::Engine,
             age_ms,
@@ -398,6 +461,38 @@ mod tests {
             "F wins when the engine under-reports"
         );
         drop(guards);
+    }
+
+    #[test]
+    fn backlog_signal_prices_prefill_work_in_tokens() {
+        let a = Arc::new(Worker::new("http://a".into(), 1, None, Instant::now()));
+        let b = Arc::new(Worker::new("http://b".into(), 1, None, Instant::now()));
+        // A: one request with a long prompt still to prefill. B: three short ones decoding.
+        a.record(
+            0,
+            0,
+            &LoadSnapshot {
+                num_waiting_reqs: 1,
+                num_waiting_uncached_tokens: 6000,
+                ..Default::default()
+            },
+        );
+        b.record(0, 0, &snap(3, 0));
+        let score = |w: &Worker, s| w.load(s, 3000).score;
+        assert!(
+            score(&a, LoadSignal::Engine) < score(&b, LoadSignal::Engine),
+            "by counts A looks idle"
+        );
+        assert!(
+            score(&a, LoadSignal::Backlog) > score(&b, LoadSignal::Backlog),
+            "by backlog A is the slow one"
+        );
+        assert_eq!(score(&a, LoadSignal::Backlog), 6000 + REQUEST_TOKENS_WEIGHT);
+        let _g = InflightGuard::new(b.clone());
+        assert_eq!(
+            score(&b, LoadSignal::Backlog),
+            3 * REQUEST_TOKENS_WEIGHT + DISPATCH_TOKENS_GUESS
+        );
     }
 
     #[test]

@@ -255,7 +255,7 @@ impl View for FleetView<'_> {
     fn load(&self, i: usize) -> i64 {
         self.workers[i]
             .load_at(self.signal, self.freshness_ms, self.now_ms)
-            .requests
+            .score
     }
     #[inline]
     fn available(&self, i: usize) -> bool {

@@ -49,7 +49,7 @@ impl Default for RouterConfig {
             port: 30080,
             worker_urls: Vec::new(),
             policy: Policy::PowerOfTwo,
-            load_signal: LoadSignal::Engine,
+            load_signal: LoadSignal::Backlog,
             freshness_ms: 3000,
             max_body_bytes: 16 << 20,
             body_timeout_ms: 30_000,
