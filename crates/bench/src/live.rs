@@ -37,7 +37,8 @@ impl Drop for Procs {
     }
 }
 
-fn free_port_block(n: u16) -> Result<u16, String> {
+/// A base port with `n` consecutive free ports (checked by binding them).
+pub fn free_port_block(n: u16) -> Result<u16, String> {
     for _ in 0..200 {
         let base = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

@@ -40,22 +40,6 @@ pub struct DemoArgs {
     router_port: u16,
 }
 
-/// A base port with `n` consecutive free ports (checked by binding).
-fn free_port_block(n: u16) -> Result<u16> {
-    for _ in 0..200 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        if base.checked_add(n).is_none() {
-            continue;
-        }
-        if (base..base + n).all(|p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok()) {
-            return Ok(base);
-        }
-    }
-    anyhow::bail!("no block of {n} free ports found")
-}
-
 #[derive(Default)]
 struct Ttfts {
     engine: Vec<f64>,
@@ -97,7 +81,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 async fn demo(a: DemoArgs) -> Result<()> {
     let mut engines = Vec::new();
     for _ in 0..a.engines.max(2) {
-        let kv = free_port_block(2)?;
+        let kv = loadlink_bench::live::free_port_block(2).map_err(anyhow::Error::msg)?;
         engines.push(
             Engine::start(EngineConfig {
                 port: 0,

@@ -104,23 +104,11 @@ pub fn run(a: EngineArgs) -> Result<()> {
         model_name: a.model_name,
         page_size: 16,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime()?;
     rt.block_on(async move {
         let engine = Engine::start(cfg).await?;
         println!("loadlink engine serving on {}", engine.url());
-        let wait = async {
-            if a.duration > 0.0 {
-                tokio::time::sleep(std::time::Duration::from_secs_f64(a.duration)).await;
-            } else {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        };
-        tokio::select! {
-            _ = wait => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        crate::until_stopped(a.duration).await;
         engine.stop().await;
         Ok(())
     })

@@ -41,6 +41,28 @@ enum Command {
     Wire(wire_cmd::WireCommand),
 }
 
+/// A multi-threaded tokio runtime for the serving commands.
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Returns after `duration` seconds (0: never) or on Ctrl-C, whichever comes first.
+pub(crate) async fn until_stopped(duration: f64) {
+    let timer = async {
+        if duration > 0.0 {
+            tokio::time::sleep(std::time::Duration::from_secs_f64(duration)).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = timer => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -137,23 +137,11 @@ pub fn run(a: RouteArgs) -> Result<()> {
             "note: --prometheus-port is accepted for compatibility; metrics are at /metrics on --port"
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime()?;
     rt.block_on(async move {
         let r = loadlink_router::start(cfg).await?;
         println!("loadlink router serving on {}", r.url());
-        let wait = async {
-            if a.duration > 0.0 {
-                tokio::time::sleep(std::time::Duration::from_secs_f64(a.duration)).await;
-            } else {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        };
-        tokio::select! {
-            _ = wait => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        crate::until_stopped(a.duration).await;
         r.stop().await;
         Ok(())
     })

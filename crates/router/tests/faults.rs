@@ -2,72 +2,20 @@
 //! and a worker that dies mid-stream (its socket closed the way the kernel closes a SIGKILLed
 //! process's sockets).
 
+mod common;
+
 use axum::routing::{get, post};
+use common::{http_worker, router as router_with, worker_json};
+use loadlink_router::LoadSignal;
 use loadlink_router::book::MAX_REPORTED;
-use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-async fn router(urls: Vec<String>, tweak: impl FnOnce(&mut RouterConfig)) -> RouterHandle {
-    let mut cfg = RouterConfig {
-        port: 0,
-        worker_urls: urls,
-        policy: Policy::PowerOfTwo,
-        load_signal: LoadSignal::Engine,
-        ..Default::default()
-    };
-    tweak(&mut cfg);
-    loadlink_router::start(cfg).await.unwrap()
-}
-
-/// An HTTP worker advertising a load socket at `load_port` (which the test feeds itself).
-async fn http_worker(load_port: Option<u16>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let kv = load_port.map_or(Value::Null, |p| {
-        json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": p - 1, "topic": "", "block_size": 16, "dp_size": 1, "load_endpoint_port_base": p})
-    });
-    let info = json!({ "kv_events": kv });
-    let app = axum::Router::new()
-        .route(
-            "/server_info",
-            get(move || {
-                let info = info.clone();
-                async move { axum::Json(info) }
-            }),
-        )
-        .route("/health", get(|| async { "ok" }))
-        .route(
-            "/v1/completions",
-            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
-        );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
-}
-
-async fn worker_json(c: &reqwest::Client, r: &str, url: &str) -> Value {
-    let v: Value = c
-        .get(format!("{r}/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["url"] == url)
-        .unwrap()
-        .clone()
-}
 
 fn dropped(metrics: &str, worker: &str, reason: &str) -> u64 {
     let key = format!("loadlink_frames_dropped_total{{worker=\"{worker}\",reason=\"{reason}\"}} ");
@@ -122,7 +70,12 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
             std::thread::sleep(Duration::from_millis(20));
         }
     });
-    let r = router(vec![liar.clone(), honest.clone()], |_| {}).await;
+    let r = router_with(
+        vec![liar.clone(), honest.clone()],
+        LoadSignal::Engine,
+        |_| {},
+    )
+    .await;
     let c = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(15);
     let metrics = loop {
@@ -176,7 +129,7 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_body_gets_408_and_the_router_is_unaffected() {
     let w = http_worker(None).await;
-    let r = router(vec![w], |c| c.body_timeout_ms = 300).await;
+    let r = router_with(vec![w], LoadSignal::Engine, |c| c.body_timeout_ms = 300).await;
     let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
     s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":").await.unwrap();
     let mut buf = vec![0u8; 2048];
@@ -230,7 +183,7 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event_and_no_le
             });
         }
     });
-    let r = router(vec![url.clone()], |_| {}).await;
+    let r = router_with(vec![url.clone()], LoadSignal::Engine, |_| {}).await;
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/completions", r.url()))
         .json(&json!({"prompt": "x", "stream": true}))
@@ -262,7 +215,7 @@ async fn a_dead_worker_is_used_again_when_it_comes_back() {
         .unwrap()
         .port();
     let dead = format!("http://127.0.0.1:{port}");
-    let r = router(vec![live.clone(), dead.clone()], |c| {
+    let r = router_with(vec![live.clone(), dead.clone()], LoadSignal::Engine, |c| {
         c.discovery_attempts = 1;
         c.breaker_cooldown_ms = 200;
         c.health_interval_ms = 100;

@@ -1,10 +1,12 @@
 //! The router on loopback against real engines (in-process `loadlink engine`s) and controllable
 //! workers (a small HTTP server plus a real `PubSink` the test starts, stops and restarts).
 
-use axum::routing::{get, post};
+mod common;
+
+use common::{router, wait_for, workers};
 use loadlink_engine::{Engine, EngineConfig, ModelConfig};
 use loadlink_publish::{Encoded, PubSink, Sink};
-use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
+use loadlink_router::LoadSignal;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::{Generation, LoadSnapshot};
 use serde_json::{Value, json};
@@ -27,49 +29,6 @@ async fn engine(kv_port: u16, time_scale: f64) -> Engine {
     })
     .await
     .unwrap()
-}
-
-async fn router(
-    urls: Vec<String>,
-    signal: LoadSignal,
-    tweak: impl FnOnce(&mut RouterConfig),
-) -> RouterHandle {
-    let mut cfg = RouterConfig {
-        port: 0,
-        worker_urls: urls,
-        policy: Policy::PowerOfTwo,
-        load_signal: signal,
-        ..Default::default()
-    };
-    tweak(&mut cfg);
-    loadlink_router::start(cfg).await.unwrap()
-}
-
-async fn workers(c: &reqwest::Client, r: &str) -> Vec<Value> {
-    let v: Value = c
-        .get(format!("{r}/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["workers"].as_array().unwrap().clone()
-}
-
-async fn wait_for<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
-    what: &str,
-    secs: u64,
-    mut cond: F,
-) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn worker_of(resp: &reqwest::Response) -> String {
@@ -155,28 +114,7 @@ struct FakeWorker {
 }
 
 async fn fake_worker(load_port: u16, advertise: bool) -> FakeWorker {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let kv = if advertise {
-        json!({"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": load_port - 1, "topic": "", "block_size": 16, "dp_size": 1, "load_endpoint_port_base": load_port})
-    } else {
-        Value::Null
-    };
-    let info = json!({ "dp_size": 1, "kv_events": kv });
-    let app = axum::Router::new()
-        .route(
-            "/server_info",
-            get(move || {
-                let info = info.clone();
-                async move { axum::Json(info) }
-            }),
-        )
-        .route("/health", get(|| async { "ok" }))
-        .route(
-            "/v1/completions",
-            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
-        );
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = common::http_worker(advertise.then_some(load_port)).await;
     let (publishing, restart, waiting, stop) = (
         Arc::new(AtomicBool::new(true)),
         Arc::new(AtomicBool::new(false)),
