@@ -308,6 +308,7 @@ fn worker_json(st: &AppState, w: &crate::book::Worker) -> Value {
         "url": w.url,
         "dp_size": w.ranks.len(),
         "load": l.requests,
+        "score": l.score,
         "tokens": l.tokens,
         "source": l.source.as_str(),
         "age_ms": if l.age_ms == u64::MAX { Value::Null } else { json!(l.age_ms) },
