@@ -9,7 +9,7 @@
 
 use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
 use crate::model::{Event, ModelConfig, Submit};
-use crate::rank::{Command, RankHandle, spawn};
+use crate::rank::{Command, RankHandle, spawn, wall_now};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -26,7 +26,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 /// Everything `loadlink engine` is configured with.
@@ -103,12 +102,6 @@ pub enum EngineError {
     },
     #[error("opening the internal load slot file {path}: {reason}")]
     Shm { path: String, reason: String },
-}
-
-fn wall_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Engine {

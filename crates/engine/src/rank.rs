@@ -45,7 +45,8 @@ impl RankHandle {
     }
 }
 
-fn wall_now() -> f64 {
+/// Wall-clock seconds since the epoch (snapshot timestamps, `/v1/loads`).
+pub(crate) fn wall_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())

@@ -122,7 +122,12 @@ pub async fn forward(
             st.metrics.retries.fetch_add(1, Relaxed);
         }
         let worker = workers[idx].clone();
-        if worker.load(cfg.load_signal, cfg.freshness_ms).source == crate::book::Source::Fallback {
+        // Same `now` as the pick: no second clock read on the request path.
+        if worker
+            .load_at(cfg.load_signal, cfg.freshness_ms, view.now_ms)
+            .source
+            == crate::book::Source::Fallback
+        {
             st.metrics.fallback_decisions.fetch_add(1, Relaxed);
         }
         st.metrics.decisions.fetch_add(1, Relaxed);
