@@ -7,6 +7,7 @@ use crate::report::Row;
 use crate::scenario::{Scenario, VARIANTS, workload_spec};
 use crate::sim::{DirectTarget, Outcome};
 use crate::workload::generate;
+use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::policy::mix;
 use std::path::PathBuf;
@@ -35,22 +36,6 @@ impl Drop for Procs {
             let _ = c.wait();
         }
     }
-}
-
-/// A base port with `n` consecutive free ports (checked by binding them).
-pub fn free_port_block(n: u16) -> Result<u16, String> {
-    for _ in 0..200 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        if base.checked_add(n).is_some()
-            && (base..base + n).all(|p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok())
-        {
-            return Ok(base);
-        }
-    }
-    Err(format!("no block of {n} free ports"))
 }
 
 fn spawn(exe: &PathBuf, args: &[String]) -> Result<Child, String> {

@@ -81,7 +81,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 async fn demo(a: DemoArgs) -> Result<()> {
     let mut engines = Vec::new();
     for _ in 0..a.engines.max(2) {
-        let kv = loadlink_bench::live::free_port_block(2).map_err(anyhow::Error::msg)?;
+        let kv = loadlink_publish::free_port_block(2).map_err(anyhow::Error::msg)?;
         engines.push(
             Engine::start(EngineConfig {
                 port: 0,

@@ -1,6 +1,7 @@
 //! The engine over real HTTP and a real ZMQ SUB on loopback.
 
 use loadlink_engine::{Engine, EngineConfig, ModelConfig};
+use loadlink_publish::free_port_block;
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::descriptor::parse_server_info;
 use loadlink_wire::frame::decode_frames;
@@ -220,7 +221,9 @@ fn drain(s: &zmq::Socket) -> Vec<LoadSnapshot> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads() {
-    let e = engine(1, Some(47100), 1.0).await;
+    // The load range of a dp-1 engine is the one port after its KV port.
+    let kv_port = free_port_block(2).unwrap();
+    let e = engine(1, Some(kv_port), 1.0).await;
     let c = reqwest::Client::new();
     let info = c
         .get(format!("{}/server_info", e.url()))
@@ -235,7 +238,7 @@ async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads
         .expect("kv_events advertised");
     let eps = desc.load_endpoints("127.0.0.1");
     assert_eq!(eps.len(), 1);
-    assert_eq!(eps[0].endpoint, "tcp://127.0.0.1:47101");
+    assert_eq!(eps[0].endpoint, format!("tcp://127.0.0.1:{}", kv_port + 1));
     let s = tokio::task::spawn_blocking(move || sub(&eps[0].endpoint))
         .await
         .unwrap();
@@ -361,7 +364,7 @@ async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dp_ranks_share_the_load_through_the_shm_dispatcher() {
-    let e = engine(2, Some(47200), 1.0).await;
+    let e = engine(2, Some(free_port_block(4).unwrap()), 1.0).await;
     let c = reqwest::Client::new();
     let mut tasks = Vec::new();
     for _ in 0..20 {

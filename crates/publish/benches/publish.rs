@@ -2,13 +2,17 @@
 //! (collection excluded: the source returns a prepared snapshot clone).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use loadlink_publish::{PubSink, Publisher, ShmSink, Sink};
+use loadlink_publish::{PubSink, Publisher, ShmSink, Sink, free_port_block};
 use loadlink_wire::snapshot::*;
 use loadlink_wire::{Generation, LoadSnapshot};
 
 #[path = "../../wire/benches/codec.rs"]
 #[allow(dead_code)]
 mod wire_codec;
+
+fn wildcard_free() -> String {
+    format!("tcp://*:{}", free_port_block(1).unwrap())
+}
 
 fn cycle(c: &mut Criterion) {
     let snap: LoadSnapshot = wire_codec::realistic();
@@ -18,7 +22,7 @@ fn cycle(c: &mut Criterion) {
     let ctx = zmq::Context::new();
 
     let shm = ShmSink::open(&dir.join("a.shm"), 4, 3, 1).unwrap();
-    let pubs = PubSink::bind(&ctx, "tcp://*:45501", Generation::Snapshot, 3, 1).unwrap();
+    let pubs = PubSink::bind(&ctx, &wildcard_free(), Generation::Snapshot, 3, 1).unwrap();
     let s1 = snap.clone();
     let mut p = Publisher::new(
         move || Ok(s1.clone()),
@@ -31,7 +35,7 @@ fn cycle(c: &mut Criterion) {
     let mut p = Publisher::new(move || Ok(s2.clone()), vec![Box::new(shm) as Box<dyn Sink>]);
     c.bench_function("publish_cycle_shm_only", |b| b.iter(|| p.publish(false)));
 
-    let pubs = PubSink::bind(&ctx, "tcp://*:45502", Generation::Snapshot, 3, 1).unwrap();
+    let pubs = PubSink::bind(&ctx, &wildcard_free(), Generation::Snapshot, 3, 1).unwrap();
     let s3 = snap.clone();
     let mut p = Publisher::new(
         move || Ok(s3.clone()),

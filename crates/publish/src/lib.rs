@@ -5,12 +5,14 @@
 //! See `docs/publisher.md` for embedding, the port footprint and the failure semantics.
 
 pub mod factory;
+pub mod free_ports;
 pub mod publisher;
 pub mod shm_sink;
 pub mod sink;
 pub mod zmq_sinks;
 
 pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks};
+pub use free_ports::free_port_block;
 pub use publisher::{
     CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,
 };

@@ -3,7 +3,7 @@
 
 use loadlink_publish::{
     Encoded, EngineSettings, InternalSink, PubSink, Publisher, PushSink, ShmSink, Sink,
-    WriteOutcome, build_sinks,
+    WriteOutcome, build_sinks, free_port_block,
 };
 use loadlink_wire::codec::{decode_payload, snapshot_bytes};
 use loadlink_wire::{Generation, LoadSnapshot, Payload};
@@ -34,6 +34,11 @@ fn first_message(sink: &mut dyn Sink, sub: &zmq::Socket, snap: &LoadSnapshot) ->
     panic!("no message within 10 s");
 }
 
+/// A free port for one socket.
+fn port() -> u16 {
+    free_port_block(1).unwrap()
+}
+
 fn snap(rank: i64, waiting: i64) -> LoadSnapshot {
     LoadSnapshot {
         timestamp: Some(1.5),
@@ -47,8 +52,16 @@ fn snap(rank: i64, waiting: i64) -> LoadSnapshot {
 #[test]
 fn generation_a_frames_and_sequence() {
     let ctx = zmq::Context::new();
-    let mut p = PubSink::bind(&ctx, "tcp://*:41011", Generation::Snapshot, 0, 1).unwrap();
-    let s = sub(&ctx, "tcp://127.0.0.1:41011");
+    let pub_port = port();
+    let mut p = PubSink::bind(
+        &ctx,
+        &format!("tcp://*:{pub_port}"),
+        Generation::Snapshot,
+        0,
+        1,
+    )
+    .unwrap();
+    let s = sub(&ctx, &format!("tcp://127.0.0.1:{pub_port}"));
     let f = first_message(&mut p, &s, &snap(0, 4));
     assert_eq!(f.len(), 3);
     assert_eq!(f[0], b"");
@@ -69,10 +82,17 @@ fn generation_a_frames_and_sequence() {
 #[test]
 fn generation_b_sends_changes_at_once_and_unchanged_stats_only_on_heartbeat() {
     let ctx = zmq::Context::new();
-    let mut p = PubSink::bind(&ctx, "tcp://*:41021", Generation::LoadStat, 2, 1)
-        .unwrap()
-        .with_heartbeat(Duration::from_millis(300));
-    let s = sub(&ctx, "tcp://127.0.0.1:41021");
+    let pub_port = port();
+    let mut p = PubSink::bind(
+        &ctx,
+        &format!("tcp://*:{pub_port}"),
+        Generation::LoadStat,
+        2,
+        1,
+    )
+    .unwrap()
+    .with_heartbeat(Duration::from_millis(300));
+    let s = sub(&ctx, &format!("tcp://127.0.0.1:{pub_port}"));
     let f = first_message(&mut p, &s, &snap(2, 4));
     assert_eq!(f[0], b"load");
     let Payload::Stat(st) = decode_payload(&f[2]).unwrap() else {
@@ -129,11 +149,11 @@ fn settings(kv: Option<&str>, mode: Option<&str>, dp: u32, g: Generation) -> Eng
 #[test]
 fn advertised_base_is_the_bound_base_for_dp_1_2_8_in_both_generations() {
     let ctx = zmq::Context::new();
-    let mut kv_port = 42000;
     for g in [Generation::Snapshot, Generation::LoadStat] {
         for dp in [1u32, 2, 8] {
+            // The KV port itself is not bound here; the load range follows it.
+            let kv_port = free_port_block(2 * dp as u16).unwrap();
             let kv = format!(r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}"}}"#);
-            kv_port += 40;
             let st = settings(Some(&kv), Some("auto"), dp, g);
             let desc = st.advertise(16).expect("an active KV config is advertised");
             let base = desc
@@ -233,8 +253,12 @@ fn every_decline_binds_nothing_and_advertises_no_range() {
 fn a_bad_router_endpoint_costs_only_the_pub_sink() {
     let ctx = zmq::Context::new();
     let dir = tempfile::tempdir().unwrap();
+    let kv = format!(
+        r#"{{"publisher":"zmq","endpoint":"tcp://*:{}"}}"#,
+        free_port_block(2).unwrap()
+    );
     let mut st = settings(
-        Some(r#"{"publisher":"zmq","endpoint":"tcp://*:43100"}"#),
+        Some(&kv),
         Some("tcp://10.1.1.1:7000"),
         1,
         Generation::Snapshot,
@@ -256,13 +280,23 @@ fn a_bad_router_endpoint_costs_only_the_pub_sink() {
 #[test]
 fn publish_never_blocks_without_subscribers_or_with_a_stalled_one() {
     let ctx = zmq::Context::new();
-    let p = PubSink::bind(&ctx, "tcp://*:41041", Generation::Snapshot, 0, 1).unwrap();
+    let pub_port = port();
+    let p = PubSink::bind(
+        &ctx,
+        &format!("tcp://*:{pub_port}"),
+        Generation::Snapshot,
+        0,
+        1,
+    )
+    .unwrap();
     let stalled = ctx.socket(zmq::SUB).unwrap();
     stalled.set_rcvhwm(1).unwrap();
     stalled.set_subscribe(b"").unwrap();
-    stalled.connect("tcp://127.0.0.1:41041").unwrap();
+    stalled
+        .connect(&format!("tcp://127.0.0.1:{pub_port}"))
+        .unwrap();
     // A PUSH with no PULL peer at all: a blocking send would hang here forever.
-    let push = PushSink::connect(&ctx, "tcp://127.0.0.1:41042", 0, 1).unwrap();
+    let push = PushSink::connect(&ctx, &format!("tcp://127.0.0.1:{}", port()), 0, 1).unwrap();
     let mut publisher = Publisher::new(
         || Ok(snap(0, 7)),
         vec![Box::new(push) as Box<dyn Sink>, Box::new(p)],
@@ -292,9 +326,10 @@ fn publish_never_blocks_without_subscribers_or_with_a_stalled_one() {
 fn push_sink_feeds_a_pull_owner_and_shm_rejects_a_foreign_rank() {
     let ctx = zmq::Context::new();
     let pull = ctx.socket(zmq::PULL).unwrap();
-    pull.bind("tcp://127.0.0.1:41051").unwrap();
+    let pull_port = port();
+    pull.bind(&format!("tcp://127.0.0.1:{pull_port}")).unwrap();
     pull.set_rcvtimeo(50).unwrap();
-    let mut push = PushSink::connect(&ctx, "tcp://127.0.0.1:41051", 1, 1).unwrap();
+    let mut push = PushSink::connect(&ctx, &format!("tcp://127.0.0.1:{pull_port}"), 1, 1).unwrap();
     let s = snap(1, 6);
     let b = snapshot_bytes(&s);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -373,7 +408,15 @@ fn rss_kib() -> u64 {
 #[test]
 fn churning_subscribers_neither_block_publish_nor_grow_memory() {
     let ctx = zmq::Context::new();
-    let p = PubSink::bind(&ctx, "tcp://*:41061", Generation::Snapshot, 0, 1).unwrap();
+    let pub_port = port();
+    let p = PubSink::bind(
+        &ctx,
+        &format!("tcp://*:{pub_port}"),
+        Generation::Snapshot,
+        0,
+        1,
+    )
+    .unwrap();
     let mut publisher = Publisher::new(|| Ok(snap(0, 1)), vec![Box::new(p) as Box<dyn Sink>]);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (ctx2, stop2) = (ctx.clone(), stop.clone());
@@ -383,7 +426,7 @@ fn churning_subscribers_neither_block_publish_nor_grow_memory() {
             let s = ctx2.socket(zmq::SUB).unwrap();
             s.set_subscribe(b"").unwrap();
             s.set_linger(0).unwrap();
-            s.connect("tcp://127.0.0.1:41061").unwrap();
+            s.connect(&format!("tcp://127.0.0.1:{pub_port}")).unwrap();
             std::thread::sleep(Duration::from_millis(2));
             drop(s);
             n += 1;

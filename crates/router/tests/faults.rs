@@ -6,6 +6,7 @@ mod common;
 
 use axum::routing::{get, post};
 use common::{http_worker, router as router_with, worker_json};
+use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::book::MAX_REPORTED;
 use loadlink_wire::LoadSnapshot;
@@ -28,7 +29,7 @@ fn dropped(metrics: &str, worker: &str, reason: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_keeps_serving() {
-    let (liar_port, honest_port) = (48701u16, 48711u16);
+    let (liar_port, honest_port) = (free_port_block(1).unwrap(), free_port_block(1).unwrap());
     let liar = http_worker(Some(liar_port)).await;
     let honest = http_worker(Some(honest_port)).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -209,11 +210,7 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event_and_no_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_worker_is_used_again_when_it_comes_back() {
     let live = http_worker(None).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port_block(1).unwrap();
     let dead = format!("http://127.0.0.1:{port}");
     let r = router_with(vec![live.clone(), dead.clone()], LoadSignal::Engine, |c| {
         c.discovery_attempts = 1;

@@ -5,7 +5,7 @@ mod common;
 
 use common::{router, wait_for, workers};
 use loadlink_engine::{Engine, EngineConfig, ModelConfig};
-use loadlink_publish::{Encoded, PubSink, Sink};
+use loadlink_publish::{Encoded, PubSink, Sink, free_port_block};
 use loadlink_router::LoadSignal;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::{Generation, LoadSnapshot};
@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-async fn engine(kv_port: u16, time_scale: f64) -> Engine {
+/// A dp-1 engine whose KV port and load port come from a free block.
+async fn engine(time_scale: f64) -> Engine {
+    let kv_port = free_port_block(2).unwrap();
     Engine::start(EngineConfig {
         port: 0,
         time_scale,
@@ -40,7 +42,7 @@ fn worker_of(resp: &reqwest::Response) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn engine_load_steers_away_from_a_worker_loaded_by_direct_clients() {
-    let (a, b) = (engine(48100, 1.0).await, engine(48110, 1.0).await);
+    let (a, b) = (engine(1.0).await, engine(1.0).await);
     let c = reqwest::Client::new();
     // Direct clients (not through any router) fill A: 16 running, 14 waiting.
     let direct: Vec<_> = (0..30)
@@ -113,7 +115,8 @@ struct FakeWorker {
     stop: Arc<AtomicBool>,
 }
 
-async fn fake_worker(load_port: u16, advertise: bool) -> FakeWorker {
+async fn fake_worker(advertise: bool) -> FakeWorker {
+    let load_port = free_port_block(1).unwrap();
     let url = common::http_worker(advertise.then_some(load_port)).await;
     let (publishing, restart, waiting, stop) = (
         Arc::new(AtomicBool::new(true)),
@@ -191,7 +194,7 @@ async fn source_of(c: &reqwest::Client, r: &str, url: &str) -> (String, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silence_falls_back_and_resumes_and_a_restart_is_picked_up() {
-    let fw = fake_worker(48201, true).await;
+    let fw = fake_worker(true).await;
     let r = router(vec![fw.url.clone()], LoadSignal::Engine, |c| {
         c.freshness_ms = 400
     })
@@ -254,7 +257,7 @@ async fn silence_falls_back_and_resumes_and_a_restart_is_picked_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_without_a_range_is_routed_on_inflight_with_its_reason() {
-    let fw = fake_worker(48301, false).await;
+    let fw = fake_worker(false).await;
     let r = router(vec![fw.url.clone()], LoadSignal::Engine, |_| {}).await;
     let c = reqwest::Client::new();
     let (src, w) = source_of(&c, &r.url(), &fw.url).await;
@@ -293,7 +296,7 @@ async fn a_worker_without_a_range_is_routed_on_inflight_with_its_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_inflight_leak_after_mixed_traffic_with_disconnects() {
-    let (a, b) = (engine(48400, 1000.0).await, engine(48410, 1000.0).await);
+    let (a, b) = (engine(1000.0).await, engine(1000.0).await);
     let r = router(vec![a.url(), b.url()], LoadSignal::Engine, |_| {}).await;
     let c = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
@@ -358,7 +361,7 @@ async fn no_inflight_leak_after_mixed_traffic_with_disconnects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn streams_survive_load_swings_and_dead_workers_are_retried_around() {
-    let a = engine(48500, 20.0).await;
+    let a = engine(20.0).await;
     let dead = "http://127.0.0.1:9".to_string(); // discard port: nothing listens
     let r = router(vec![a.url(), dead.clone()], LoadSignal::Engine, |c| {
         c.discovery_attempts = 1
@@ -411,7 +414,7 @@ async fn streams_survive_load_swings_and_dead_workers_are_retried_around() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_and_bad_input() {
-    let fw = fake_worker(48601, false).await;
+    let fw = fake_worker(false).await;
     let c = reqwest::Client::new();
     let closed = router(vec![], LoadSignal::Engine, |_| {}).await;
     let resp = c
