@@ -5,7 +5,7 @@
 
 use crate::report::Row;
 use crate::scenario::{Scenario, VARIANTS, workload_spec};
-use crate::sim::{DirectTarget, Outcome};
+use crate::sim::{DirectTarget, Outcome, isolated_ttft};
 use crate::workload::generate;
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
@@ -158,7 +158,7 @@ pub async fn run_live(
             .await?;
         }
         let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
-        let results: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
+        let results: Arc<Mutex<Vec<(f64, f64, f64)>>> = Arc::default();
         let start = Instant::now();
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sampler = {
@@ -192,6 +192,7 @@ pub async fn run_live(
             })
         };
         let mut tasks = Vec::with_capacity(arrivals.len());
+        let mut floors = std::collections::HashMap::new();
         for (i, a) in arrivals.iter().enumerate() {
             let at = start + Duration::from_secs_f64(a.t / k);
             let target = if a.direct {
@@ -205,6 +206,9 @@ pub async fn run_live(
                 router_urls[i % router_urls.len()].clone()
             };
             let (c, results) = (client.clone(), results.clone());
+            let floor = *floors
+                .entry(a.prompt_tokens)
+                .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
             let body = serde_json::json!({ "input_ids": vec![1u32; a.prompt_tokens as usize], "max_tokens": a.output_tokens, "stream": true });
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until(at.into()).await;
@@ -225,10 +229,11 @@ pub async fn run_live(
                     first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
                 }
                 if let Some(f) = first {
-                    results
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((f * k, t0.elapsed().as_secs_f64() * k));
+                    results.lock().unwrap_or_else(|p| p.into_inner()).push((
+                        f * k,
+                        t0.elapsed().as_secs_f64() * k,
+                        floor,
+                    ));
                 }
             }));
         }
@@ -256,6 +261,7 @@ pub async fn run_live(
             outcome: Outcome {
                 ttft: res.iter().map(|r| r.0).collect(),
                 e2e: res.iter().map(|r| r.1).collect(),
+                ttft_floor: res.iter().map(|r| r.2).collect(),
                 completed: res.len(),
                 submitted: n,
                 makespan,

@@ -4,8 +4,10 @@
 //! time and messages between them:
 //!
 //! * each engine steps its scheduler; a step's events happen at the step's end;
-//! * after every prefill step and every `publish_every`-th decode step, and every 100 ms while
-//!   idle, an engine publishes its snapshot; each router replica receives it `net_delay_s` later;
+//! * an engine publishes at the start of a cycle, with the requests that arrived meanwhile taken in
+//!   (as `loadlink engine` does): after every prefill step, every `publish_every`-th decode step,
+//!   when an idle engine receives a request, and every 100 ms while idle; each router replica
+//!   receives it `net_delay_s` later;
 //! * routed requests are picked by the router replica they arrive at (round-robin over replicas),
 //!   which holds an in-flight guard until the request finishes; direct requests skip routers.
 
@@ -48,6 +50,9 @@ pub struct SimConfig {
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub ttft: Vec<f64>,
+    /// Each request's TTFT on an idle engine of its kind (its own prefill): what no router can
+    /// remove. Same order as `ttft`.
+    pub ttft_floor: Vec<f64>,
     pub e2e: Vec<f64>,
     pub completed: usize,
     pub submitted: usize,
@@ -57,6 +62,17 @@ pub struct Outcome {
     pub queue_cv: f64,
     pub decisions: u64,
     pub fallback_decisions: u64,
+}
+
+impl Outcome {
+    /// Per request, TTFT minus its floor: the waiting that routing can influence.
+    pub fn waits(&self) -> Vec<f64> {
+        self.ttft
+            .iter()
+            .zip(&self.ttft_floor)
+            .map(|(t, f)| (t - f).max(0.0))
+            .collect()
+    }
 }
 
 #[derive(Debug)]
@@ -108,6 +124,7 @@ struct EngineState {
 
 struct Req {
     arrived: f64,
+    engine: usize,
     first: Option<f64>,
     done: Option<f64>,
     guard: Option<InflightGuard>,
@@ -289,12 +306,17 @@ impl Sim<'_> {
             pick
         };
         self.reqs[i].arrived = t;
+        self.reqs[i].engine = engine;
         self.engines[engine].sched.submit(Submit {
             id: i as u64,
             prompt_tokens: a.prompt_tokens,
             max_new_tokens: a.output_tokens,
         });
         self.out.submitted += 1;
+        if !self.engines[engine].busy {
+            // An idle engine's cycle starts now: it publishes with the new request taken in.
+            self.publish(engine, t);
+        }
         self.start_step(engine, t);
     }
 }
@@ -331,6 +353,7 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
             .iter()
             .map(|a| Req {
                 arrived: a.t,
+                engine: 0,
                 first: None,
                 done: None,
                 guard: None,
@@ -342,10 +365,17 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
     };
     sim.run();
     let mut out = std::mem::take(&mut sim.out);
-    for r in &sim.reqs {
+    let mut floors = std::collections::HashMap::new();
+    for (i, r) in sim.reqs.iter().enumerate() {
         if let (Some(f), Some(d)) = (r.first, r.done) {
             out.ttft.push(f - r.arrived);
             out.e2e.push(d - r.arrived);
+            let m = cfg.engines[r.engine];
+            let prompt = arrivals[i].prompt_tokens;
+            let floor = *floors
+                .entry((r.engine, prompt))
+                .or_insert_with(|| isolated_ttft(m, prompt));
+            out.ttft_floor.push(floor);
         }
     }
     out.completed = out.e2e.len();
@@ -355,6 +385,29 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
         sim.cv_samples.iter().sum::<f64>() / sim.cv_samples.len() as f64
     };
     out
+}
+
+/// Time to the first token of a lone request with `prompt` tokens on an idle engine.
+pub fn isolated_ttft(m: ModelConfig, prompt: u64) -> f64 {
+    let mut s = Scheduler::new(m);
+    s.submit(Submit {
+        id: 0,
+        prompt_tokens: prompt,
+        max_new_tokens: 2,
+    });
+    let mut t = 0.0;
+    loop {
+        let step = s.step(t);
+        t += step.duration;
+        if step.kind == StepKind::Idle
+            || step
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::FirstToken { .. } | Event::Finished { .. }))
+        {
+            return t;
+        }
+    }
 }
 
 /// The `p`-quantile (0–1) of `v` (nearest rank); NaN when empty.

@@ -1,11 +1,16 @@
 //! The real-time driver of one DP rank: a thread that owns the rank's `Scheduler` and `Publisher`.
 //!
-//! Each loop iteration takes new commands, runs one scheduler step, sleeps the step's duration
-//! divided by `time_scale`, then delivers the step's events to the waiting HTTP handlers.
-//! Publication follows SGLang's points: after every prefill batch (forced), after decode batches
-//! (every Nth, by the publisher's interval) and on the idle loop — which blocks on the command
-//! channel for up to [`IDLE_PUBLISH_FLOOR`], so an idle engine publishes a heartbeat instead of
-//! spinning.
+//! Each loop iteration (one scheduler cycle) takes new commands, publishes, runs one scheduler
+//! step, sleeps the step's duration divided by `time_scale`, then delivers the step's events to the
+//! waiting HTTP handlers.
+//!
+//! The snapshot is collected **after** the new requests are taken in and before the step: it shows
+//! the work the coming step starts from, including requests that arrived while the previous step
+//! ran. Publishing at the end of a step instead (before receiving) hides those arrivals for a whole
+//! step, up to ~0.8 s behind a long prefill. Cadence: forced after a prefill step, when new requests
+//! arrived and while idle; after decode steps every Nth (the publisher's interval). An idle rank
+//! blocks on the command channel for up to [`IDLE_PUBLISH_FLOOR`], so it publishes a heartbeat
+//! instead of spinning.
 
 use crate::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_publish::{Publisher, Sink, SinkStats};
@@ -98,6 +103,7 @@ fn run<S: loadlink_publish::LoadSource>(
 ) {
     let mut clients: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
     let mut idle = false;
+    let mut last_kind = StepKind::Idle;
     loop {
         // Idle: block for the next command (bounded, for the heartbeat). Busy: just drain.
         let first = if idle {
@@ -113,6 +119,7 @@ fn run<S: loadlink_publish::LoadSource>(
             Ok(g) => g,
             Err(_) => return,
         };
+        let mut arrived = false;
         for cmd in first
             .into_iter()
             .chain(std::iter::from_fn(|| rx.try_recv().ok()))
@@ -121,6 +128,7 @@ fn run<S: loadlink_publish::LoadSource>(
                 Command::Submit(s, reply) => {
                     clients.insert(s.id, reply);
                     sched_guard.submit(s);
+                    arrived = true;
                 }
                 Command::Abort(id) => {
                     sched_guard.abort(id);
@@ -133,11 +141,20 @@ fn run<S: loadlink_publish::LoadSource>(
                 }
             }
         }
-        let step = sched_guard.step(virtual_now());
+        // The source locks the scheduler itself.
         drop(sched_guard);
+        publisher.publish(idle || arrived || last_kind == StepKind::Prefill);
+        let step = match sched.lock() {
+            Ok(mut g) => g.step(virtual_now()),
+            Err(_) => return,
+        };
+        let went_idle = step.kind == StepKind::Idle && last_kind != StepKind::Idle;
+        last_kind = step.kind;
         idle = step.kind == StepKind::Idle;
         if idle {
-            publisher.publish(true);
+            if went_idle {
+                publisher.publish(true); // say so at once, whatever the decode cadence skipped
+            }
             continue;
         }
         steps.fetch_add(1, Ordering::Relaxed);
@@ -157,6 +174,5 @@ fn run<S: loadlink_publish::LoadSource>(
                 }
             }
         }
-        publisher.publish(step.kind == StepKind::Prefill);
     }
 }
