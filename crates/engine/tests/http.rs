@@ -333,6 +333,49 @@ async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads
     e.stop().await;
 }
 
+/// The snapshot is taken after a cycle receives its requests and before the step runs, so routers
+/// see a request waiting for prefill while that prefill runs, not only after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_request_is_published_waiting_before_its_prefill_step_ends() {
+    let kv_port = free_port_block(2).unwrap();
+    let e = engine(1, Some(kv_port), 1.0).await;
+    let endpoint = format!("tcp://127.0.0.1:{}", kv_port + 1);
+    let s = tokio::task::spawn_blocking(move || {
+        let s = sub(&endpoint);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && drain(&s).is_empty() {}
+        s
+    })
+    .await
+    .unwrap();
+    // 4,000 prompt tokens: one prefill step of about 0.4 s at time-scale 1, and the only step.
+    let prompt = 4000usize;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"input_ids": vec![7u32; prompt], "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = tokio::task::spawn_blocking(move || drain(&s))
+        .await
+        .unwrap();
+    assert!(
+        seen.iter().any(|x| x.num_waiting_reqs == 1
+            && x.num_waiting_uncached_tokens == prompt as i64
+            && x.num_running_reqs == 0),
+        "no snapshot showed the request waiting with its {prompt} uncached tokens: {:?}",
+        seen.iter()
+            .map(|x| (
+                x.num_running_reqs,
+                x.num_waiting_reqs,
+                x.num_waiting_uncached_tokens
+            ))
+            .collect::<Vec<_>>()
+    );
+    e.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
     let e = engine(1, None, 1.0).await;
