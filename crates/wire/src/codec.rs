@@ -10,7 +10,7 @@ use crate::error::DecodeError;
 use crate::msgpack::key_block;
 use crate::msgpack::{Reader, Token, Writer};
 use crate::snapshot::*;
-use crate::snapshot::{CORE_KEY_BLOCKS, CORE_SCALARS, core_index};
+use crate::snapshot::{CORE_KEY_BLOCKS, CORE_SCALARS, core_at, core_index};
 
 /// A decoded payload of either generation. (The size difference between the variants is fine:
 /// payloads are decoded one at a time and moved at most once.)
@@ -283,7 +283,13 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
                 continue;
             }
         };
-        if let Some(idx) = core_index(key, hint) {
+        // In-order core key (the common case) first; then the section names, so a section key
+        // does not pay for a scan of every core name; then a core key out of order.
+        let in_order = core_at(key, hint);
+        if in_order.is_none() && decode_section(&mut s, key, &mut r)? {
+            continue;
+        }
+        if let Some(idx) = in_order.or_else(|| core_index(key, 0)) {
             hint = idx + 1;
             let name = CORE_SCALARS[idx];
             let t = r.next()?;
@@ -293,138 +299,148 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
             }
             continue;
         }
-        match key {
-            b"decode_moments" => s.decode_moments = decode_float_list(&mut r)?,
-            b"memory" => {
-                s.memory = match section(&mut r, "memory", 4, 4)? {
-                    None => None,
-                    Some(n) => {
-                        let m = MemoryMetrics {
-                            weight_gb: float("memory.weight_gb", r.next()?)?,
-                            kv_cache_gb: float("memory.kv_cache_gb", r.next()?)?,
-                            graph_gb: float("memory.graph_gb", r.next()?)?,
-                            token_capacity: int("memory.token_capacity", r.next()?)?,
-                        };
-                        skip_extra(&mut r, n, 4)?;
-                        Some(m)
-                    }
-                }
-            }
-            b"speculative" => {
-                s.speculative = match section(&mut r, "speculative", 2, 2)? {
-                    None => None,
-                    Some(n) => {
-                        let m = SpeculativeMetrics {
-                            accept_length: float("speculative.accept_length", r.next()?)?,
-                            accept_rate: float("speculative.accept_rate", r.next()?)?,
-                        };
-                        skip_extra(&mut r, n, 2)?;
-                        Some(m)
-                    }
-                }
-            }
-            b"lora" => {
-                s.lora = match section(&mut r, "lora", 3, 3)? {
-                    None => None,
-                    Some(n) => {
-                        let m = LoraMetrics {
-                            slots_used: int("lora.slots_used", r.next()?)?,
-                            slots_total: int("lora.slots_total", r.next()?)?,
-                            utilization: float("lora.utilization", r.next()?)?,
-                        };
-                        skip_extra(&mut r, n, 3)?;
-                        Some(m)
-                    }
-                }
-            }
-            b"disaggregation" => {
-                s.disaggregation = match section(&mut r, "disaggregation", 1, 8)? {
-                    None => None,
-                    Some(n) => {
-                        let mode = match r.next()? {
-                            Token::Str(m) => std::str::from_utf8(m).map_or_else(
-                                |_| String::from_utf8_lossy(m).into_owned(),
-                                str::to_owned,
-                            ),
-                            other => {
-                                return Err(DecodeError::WrongType {
-                                    field: "disaggregation.mode",
-                                    expected: "str",
-                                    got: other.kind(),
-                                });
-                            }
-                        };
-                        let m = DisaggregationMetrics {
-                            mode,
-                            prefill_bootstrap_queue_reqs: opt_int(
-                                &mut r,
-                                "disaggregation.prefill_bootstrap_queue_reqs",
-                                1,
-                                n,
-                            )?,
-                            prefill_inflight_queue_reqs: opt_int(
-                                &mut r,
-                                "disaggregation.prefill_inflight_queue_reqs",
-                                2,
-                                n,
-                            )?,
-                            decode_prealloc_queue_reqs: opt_int(
-                                &mut r,
-                                "disaggregation.decode_prealloc_queue_reqs",
-                                3,
-                                n,
-                            )?,
-                            decode_transfer_queue_reqs: opt_int(
-                                &mut r,
-                                "disaggregation.decode_transfer_queue_reqs",
-                                4,
-                                n,
-                            )?,
-                            decode_retracted_queue_reqs: opt_int(
-                                &mut r,
-                                "disaggregation.decode_retracted_queue_reqs",
-                                5,
-                                n,
-                            )?,
-                            kv_transfer_speed_gb_s: opt_float(
-                                &mut r,
-                                "disaggregation.kv_transfer_speed_gb_s",
-                                6,
-                                n,
-                            )?,
-                            kv_transfer_latency_ms: opt_float(
-                                &mut r,
-                                "disaggregation.kv_transfer_latency_ms",
-                                7,
-                                n,
-                            )?,
-                        };
-                        skip_extra(&mut r, n, 8)?;
-                        Some(m)
-                    }
-                }
-            }
-            b"queues" => {
-                s.queues = match section(&mut r, "queues", 4, 5)? {
-                    None => None,
-                    Some(n) => {
-                        let q = QueueMetrics {
-                            waiting: int("queues.waiting", r.next()?)?,
-                            grammar: int("queues.grammar", r.next()?)?,
-                            paused: int("queues.paused", r.next()?)?,
-                            retracted: int("queues.retracted", r.next()?)?,
-                            prealloc_ready: opt_int(&mut r, "queues.prealloc_ready", 4, n)?,
-                        };
-                        skip_extra(&mut r, n, 5)?;
-                        Some(q)
-                    }
-                }
-            }
-            _ => r.skip()?,
-        }
+        r.skip()?;
     }
     finish(&r)?;
     Ok(s)
+}
+
+/// Decodes the value of section `key` into `s`; `false` (nothing read) when `key` is no section.
+fn decode_section(
+    s: &mut LoadSnapshot,
+    key: &[u8],
+    r: &mut Reader<'_>,
+) -> Result<bool, DecodeError> {
+    match key {
+        b"decode_moments" => s.decode_moments = decode_float_list(r)?,
+        b"memory" => {
+            s.memory = match section(r, "memory", 4, 4)? {
+                None => None,
+                Some(n) => {
+                    let m = MemoryMetrics {
+                        weight_gb: float("memory.weight_gb", r.next()?)?,
+                        kv_cache_gb: float("memory.kv_cache_gb", r.next()?)?,
+                        graph_gb: float("memory.graph_gb", r.next()?)?,
+                        token_capacity: int("memory.token_capacity", r.next()?)?,
+                    };
+                    skip_extra(r, n, 4)?;
+                    Some(m)
+                }
+            }
+        }
+        b"speculative" => {
+            s.speculative = match section(r, "speculative", 2, 2)? {
+                None => None,
+                Some(n) => {
+                    let m = SpeculativeMetrics {
+                        accept_length: float("speculative.accept_length", r.next()?)?,
+                        accept_rate: float("speculative.accept_rate", r.next()?)?,
+                    };
+                    skip_extra(r, n, 2)?;
+                    Some(m)
+                }
+            }
+        }
+        b"lora" => {
+            s.lora = match section(r, "lora", 3, 3)? {
+                None => None,
+                Some(n) => {
+                    let m = LoraMetrics {
+                        slots_used: int("lora.slots_used", r.next()?)?,
+                        slots_total: int("lora.slots_total", r.next()?)?,
+                        utilization: float("lora.utilization", r.next()?)?,
+                    };
+                    skip_extra(r, n, 3)?;
+                    Some(m)
+                }
+            }
+        }
+        b"disaggregation" => {
+            s.disaggregation = match section(r, "disaggregation", 1, 8)? {
+                None => None,
+                Some(n) => {
+                    let mode = match r.next()? {
+                        Token::Str(m) => std::str::from_utf8(m).map_or_else(
+                            |_| String::from_utf8_lossy(m).into_owned(),
+                            str::to_owned,
+                        ),
+                        other => {
+                            return Err(DecodeError::WrongType {
+                                field: "disaggregation.mode",
+                                expected: "str",
+                                got: other.kind(),
+                            });
+                        }
+                    };
+                    let m = DisaggregationMetrics {
+                        mode,
+                        prefill_bootstrap_queue_reqs: opt_int(
+                            r,
+                            "disaggregation.prefill_bootstrap_queue_reqs",
+                            1,
+                            n,
+                        )?,
+                        prefill_inflight_queue_reqs: opt_int(
+                            r,
+                            "disaggregation.prefill_inflight_queue_reqs",
+                            2,
+                            n,
+                        )?,
+                        decode_prealloc_queue_reqs: opt_int(
+                            r,
+                            "disaggregation.decode_prealloc_queue_reqs",
+                            3,
+                            n,
+                        )?,
+                        decode_transfer_queue_reqs: opt_int(
+                            r,
+                            "disaggregation.decode_transfer_queue_reqs",
+                            4,
+                            n,
+                        )?,
+                        decode_retracted_queue_reqs: opt_int(
+                            r,
+                            "disaggregation.decode_retracted_queue_reqs",
+                            5,
+                            n,
+                        )?,
+                        kv_transfer_speed_gb_s: opt_float(
+                            r,
+                            "disaggregation.kv_transfer_speed_gb_s",
+                            6,
+                            n,
+                        )?,
+                        kv_transfer_latency_ms: opt_float(
+                            r,
+                            "disaggregation.kv_transfer_latency_ms",
+                            7,
+                            n,
+                        )?,
+                    };
+                    skip_extra(r, n, 8)?;
+                    Some(m)
+                }
+            }
+        }
+        b"queues" => {
+            s.queues = match section(r, "queues", 4, 5)? {
+                None => None,
+                Some(n) => {
+                    let q = QueueMetrics {
+                        waiting: int("queues.waiting", r.next()?)?,
+                        grammar: int("queues.grammar", r.next()?)?,
+                        paused: int("queues.paused", r.next()?)?,
+                        retracted: int("queues.retracted", r.next()?)?,
+                        prealloc_ready: opt_int(r, "queues.prealloc_ready", 4, n)?,
+                    };
+                    skip_extra(r, n, 5)?;
+                    Some(q)
+                }
+            }
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 fn decode_float_list(r: &mut Reader<'_>) -> Result<Option<Vec<f64>>, DecodeError> {

@@ -102,15 +102,20 @@ macro_rules! load_snapshot {
 /// order, so the decoder's next key is almost always the one after the last.
 #[inline]
 pub(crate) fn core_index(key: &[u8], hint: usize) -> Option<usize> {
-    if CORE_SCALARS
-        .get(hint)
-        .is_some_and(|n| short_eq(n.as_bytes(), key))
-    {
-        return Some(hint);
-    }
+    core_at(key, hint).or_else(|| {
+        CORE_SCALARS
+            .iter()
+            .position(|n| short_eq(n.as_bytes(), key))
+    })
+}
+
+/// `Some(i)` when `key` is the `i`-th core name.
+#[inline]
+pub(crate) fn core_at(key: &[u8], i: usize) -> Option<usize> {
     CORE_SCALARS
-        .iter()
-        .position(|n| short_eq(n.as_bytes(), key))
+        .get(i)
+        .is_some_and(|n| short_eq(n.as_bytes(), key))
+        .then_some(i)
 }
 
 /// Equality of two short byte strings without a `memcmp` call: field names are under 32 bytes,
