@@ -43,6 +43,19 @@ fn cycle(c: &mut Criterion) {
     );
     c.bench_function("publish_cycle_pub_only", |b| b.iter(|| p.publish(false)));
 
+    // The floor of the SHM sink: one exclusive flock and its unlock, two syscalls.
+    let f = std::fs::File::create(dir.join("lock")).unwrap();
+    c.bench_function("flock_lock_unlock (SHM floor)", |b| {
+        b.iter(|| {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open descriptor for the duration of the call.
+            unsafe {
+                libc::flock(f.as_raw_fd(), libc::LOCK_EX);
+                libc::flock(f.as_raw_fd(), libc::LOCK_UN);
+            }
+        })
+    });
+
     let s4 = snap.clone();
     c.bench_function("snapshot_clone (collection stand-in)", |b| {
         b.iter(|| s4.clone())
