@@ -7,7 +7,8 @@
 //! The snapshot is collected **after** the new requests are taken in and before the step: it shows
 //! the work the coming step starts from, including requests that arrived while the previous step
 //! ran. Publishing at the end of a step instead (before receiving) hides those arrivals for a whole
-//! step, up to ~0.8 s behind a long prefill. Cadence: forced after a prefill step, when new requests
+//! step, up to ~0.8 s behind a long prefill; publishing after scheduling (SGLang's overlap loop)
+//! hides the prefill about to run. `docs/engine.md` measures both. Cadence: forced after a prefill step, when new requests
 //! arrived and while idle; after decode steps every Nth (the publisher's interval). An idle rank
 //! blocks on the command channel for up to [`IDLE_PUBLISH_FLOOR`], so it publishes a heartbeat
 //! instead of spinning.
