@@ -103,6 +103,8 @@ pub async fn run_live(
                 k.to_string(),
                 "--max-running-requests".into(),
                 s.model.max_running_requests.to_string(),
+                "--publish-point".into(),
+                s.publish_point.as_str().into(),
                 "--kv-events-config".into(),
                 format!(r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv}"}}"#),
             ],

@@ -4,14 +4,14 @@
 //! time and messages between them:
 //!
 //! * each engine steps its scheduler; a step's events happen at the step's end;
-//! * an engine publishes at the start of a cycle, with the requests that arrived meanwhile taken in
-//!   (as `loadlink engine` does): after every prefill step, every `publish_every`-th decode step,
-//!   when an idle engine receives a request, and every 100 ms while idle; each router replica
-//!   receives it `net_delay_s` later;
+//! * an engine publishes once per cycle at its [`PublishPoint`] (as `loadlink engine` does): after
+//!   every prefill step, every `publish_every`-th decode step, when requests arrived, when it goes
+//!   idle, and every 100 ms while idle; each router replica receives it `net_delay_s` later;
 //! * routed requests are picked by the router replica they arrive at (round-robin over replicas),
 //!   which holds an in-flight guard until the request finishes; direct requests skip routers.
 
 use crate::workload::Arrival;
+use loadlink_engine::PublishPoint;
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
@@ -43,6 +43,8 @@ pub struct SimConfig {
     pub net_delay_s: f64,
     /// Publish after every Nth decode step (prefill steps always publish).
     pub publish_every: u32,
+    /// Where in the engine's cycle it publishes (as `loadlink engine --publish-point`).
+    pub publish_point: PublishPoint,
     pub direct: DirectTarget,
 }
 
@@ -116,6 +118,10 @@ impl Ord for Item {
 struct EngineState {
     sched: Scheduler,
     busy: bool,
+    /// Requests that arrived during the running step (taken in at its end).
+    arrived: bool,
+    /// Under [`PublishPoint::BatchEnd`], those requests: not taken in before the publish.
+    inbox: Vec<Submit>,
     pending: Vec<Event>,
     kind: StepKind,
     seq: i64,
@@ -220,22 +226,32 @@ impl Sim<'_> {
                             Event::Token { .. } => {}
                         }
                     }
+                    let point = self.cfg.publish_point;
                     let eng = &mut self.engines[e];
                     eng.busy = false;
-                    let publish = match eng.kind {
-                        StepKind::Decode => {
-                            eng.decode_steps += 1;
-                            eng.decode_steps
-                                .is_multiple_of(self.cfg.publish_every.max(1) as u64)
-                        }
-                        _ => true,
-                    };
-                    if publish {
+                    let due = std::mem::take(&mut eng.arrived)
+                        || match eng.kind {
+                            StepKind::Decode => {
+                                eng.decode_steps += 1;
+                                eng.decode_steps
+                                    .is_multiple_of(self.cfg.publish_every.max(1) as u64)
+                            }
+                            _ => true,
+                        };
+                    if due && point != PublishPoint::Scheduled {
                         self.publish(e, t);
                     }
+                    for s in std::mem::take(&mut self.engines[e].inbox) {
+                        self.engines[e].sched.submit(s);
+                    }
                     self.start_step(e, t);
-                    if !self.engines[e].busy {
+                    let eng = &self.engines[e];
+                    if !eng.busy {
                         self.publish(e, t); // went idle: say so at once
+                    } else if point == PublishPoint::Scheduled
+                        && (due || eng.kind == StepKind::Prefill)
+                    {
+                        self.publish(e, t);
                     }
                 }
                 Ev::Deliver {
@@ -258,7 +274,7 @@ impl Sim<'_> {
                     let w: Vec<f64> = self
                         .engines
                         .iter()
-                        .map(|e| e.sched.num_waiting() as f64)
+                        .map(|e| (e.sched.num_waiting() + e.inbox.len()) as f64)
                         .collect();
                     let m = w.iter().sum::<f64>() / w.len() as f64;
                     if m > 0.0 {
@@ -307,17 +323,33 @@ impl Sim<'_> {
         };
         self.reqs[i].arrived = t;
         self.reqs[i].engine = engine;
-        self.engines[engine].sched.submit(Submit {
+        self.out.submitted += 1;
+        let submit = Submit {
             id: i as u64,
             prompt_tokens: a.prompt_tokens,
             max_new_tokens: a.output_tokens,
-        });
-        self.out.submitted += 1;
-        if !self.engines[engine].busy {
-            // An idle engine's cycle starts now: it publishes with the new request taken in.
+        };
+        let point = self.cfg.publish_point;
+        let eng = &mut self.engines[engine];
+        if eng.busy {
+            // Taken in when the running step ends.
+            eng.arrived = true;
+            if point == PublishPoint::BatchEnd {
+                eng.inbox.push(submit);
+            } else {
+                eng.sched.submit(submit);
+            }
+            return;
+        }
+        // An idle engine's cycle starts now.
+        eng.sched.submit(submit);
+        if point == PublishPoint::Ingest {
             self.publish(engine, t);
         }
         self.start_step(engine, t);
+        if point == PublishPoint::Scheduled {
+            self.publish(engine, t);
+        }
     }
 }
 
@@ -342,6 +374,8 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
             .map(|m| EngineState {
                 sched: Scheduler::new(*m),
                 busy: false,
+                arrived: false,
+                inbox: Vec::new(),
                 pending: Vec::new(),
                 kind: StepKind::Idle,
                 seq: 0,

@@ -4,7 +4,8 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use loadlink_bench::report::{Row, cdf_svg, row_json, sweep_svg, table};
-use loadlink_bench::scenario::{self, VARIANTS, by_name};
+use loadlink_bench::scenario::{self, Scenario, VARIANTS, by_name};
+use loadlink_engine::PublishPoint;
 use loadlink_router::LoadSignal;
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,49 +18,62 @@ pub enum BenchCommand {
     Live(LiveArgs),
 }
 
+/// Flags both experiments share.
 #[derive(Args)]
-pub struct LiveArgs {
-    /// s1, s0 or s2 (see `bench sim --help`).
+pub struct Common {
+    /// s1 (standard: 4 engines, 2 routers, 25% direct, 85% load), s0 (fairness: 1 router, no
+    /// direct traffic) or s2 (S1 with the direct traffic pinned to one engine).
     #[arg(long, default_value = "s1")]
     scenario: String,
-    /// Workload seed.
+    /// Workload seed (same seed, same workload).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Offered load as a fraction of nominal capacity (default: the scenario's).
+    /// Offered load as a fraction of nominal fleet capacity (default: the scenario's).
     #[arg(long)]
     load: Option<f64>,
+    /// Where in their cycle the engines publish: ingest (loadlink's choice), scheduled (SGLang
+    /// 0.5.23's overlap loop) or batch-end (SGLang's normal loop); see docs/engine.md.
+    #[arg(long, default_value = "ingest", value_parser = PublishPoint::parse)]
+    publish_point: PublishPoint,
+    /// Where to write the JSON and the SVG plots.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+impl Common {
+    /// The named scenario with this run's publish point, and the load to offer.
+    fn scenario(&self) -> Result<(Scenario, f64)> {
+        let mut s = by_name(&self.scenario).map_err(anyhow::Error::msg)?;
+        s.publish_point = self.publish_point;
+        std::fs::create_dir_all(&self.out)
+            .with_context(|| format!("--out {}", self.out.display()))?;
+        let load = self.load.unwrap_or(s.load);
+        Ok((s, load))
+    }
+}
+
+#[derive(Args)]
+pub struct LiveArgs {
+    #[command(flatten)]
+    common: Common,
     /// Engine --time-scale: arrivals are sent K times faster and times are scaled back by K.
     #[arg(long, default_value_t = 4.0)]
     time_scale: f64,
     /// Virtual seconds of arrivals per variant (bounded so a run takes minutes, not hours).
     #[arg(long, default_value_t = 120.0)]
     duration: f64,
-    /// Where to write <scenario>-live.json and the CDF plot.
-    #[arg(long, default_value = "bench-results")]
-    out: PathBuf,
 }
 
 #[derive(Args)]
 pub struct SimArgs {
-    /// s1 (standard: 4 engines, 2 routers, 25% direct, 85% load), s0 (fairness: 1 router, no
-    /// direct traffic) or s2 (S1 with the direct traffic pinned to one engine).
-    #[arg(long, default_value = "s1")]
-    scenario: String,
-    /// Workload seed (same seed, same numbers).
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Offered load as a fraction of nominal fleet capacity (default: the scenario's).
-    #[arg(long)]
-    load: Option<f64>,
+    #[command(flatten)]
+    common: Common,
     /// Also sweep the load from 0.5 to 1.0 and plot p99 TTFT against it.
     #[arg(long)]
     sweep: bool,
     /// Virtual seconds of arrivals (default: the scenario's, 600).
     #[arg(long)]
     duration: Option<f64>,
-    /// Where to write <scenario>.json and the SVG plots.
-    #[arg(long, default_value = "bench-results")]
-    out: PathBuf,
 }
 
 fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
@@ -71,28 +85,30 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Sim(a) => a,
         BenchCommand::Live(l) => return live(l),
     };
-    let mut s = by_name(&a.scenario).map_err(anyhow::Error::msg)?;
+    let (mut s, load) = a.common.scenario()?;
     if let Some(d) = a.duration {
         s.duration_s = d;
     }
-    let load = a.load.unwrap_or(s.load);
-    std::fs::create_dir_all(&a.out).with_context(|| format!("--out {}", a.out.display()))?;
+    let (seed, out) = (a.common.seed, &a.common.out);
     println!(
-        "scenario {}: {} (seed {}, load {load:.2}, {} s of arrivals)",
-        s.name, s.about, a.seed, s.duration_s
+        "scenario {}: {} (seed {seed}, load {load:.2}, {} s of arrivals, publish point {})",
+        s.name,
+        s.about,
+        s.duration_s,
+        s.publish_point.as_str()
     );
     let rows: Vec<Row> = VARIANTS
         .iter()
         .map(|&v| Row {
             label: label(v),
             load,
-            outcome: scenario::run(&s, a.seed, load, v.0, v.1),
+            outcome: scenario::run(&s, seed, load, v.0, v.1),
         })
         .collect();
     print!("{}", table(&rows));
-    let mut doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": a.seed, "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    let mut doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
     std::fs::write(
-        a.out.join(format!("{}-ttft-cdf.svg", s.name)),
+        out.join(format!("{}-ttft-cdf.svg", s.name)),
         cdf_svg(
             &format!("{}: TTFT CDF (load {load:.2})", s.name.to_uppercase()),
             &rows,
@@ -107,47 +123,52 @@ pub fn run(c: BenchCommand) -> Result<()> {
                 sweep.push(Row {
                     label: label(v),
                     load: l,
-                    outcome: scenario::run(&s, a.seed, l, v.0, v.1),
+                    outcome: scenario::run(&s, seed, l, v.0, v.1),
                 });
             }
         }
         eprintln!();
         doc["sweep"] = sweep.iter().map(row_json).collect();
         std::fs::write(
-            a.out.join(format!("{}-p99-vs-load.svg", s.name)),
+            out.join(format!("{}-p99-vs-load.svg", s.name)),
             sweep_svg(
                 &format!("{}: p99 TTFT vs load", s.name.to_uppercase()),
                 &sweep,
             ),
         )?;
     }
-    let path = a.out.join(format!("{}.json", s.name));
+    let path = out.join(format!("{}.json", s.name));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     println!(
         "wrote {} and the plots in {}",
         path.display(),
-        a.out.display()
+        out.display()
     );
     Ok(())
 }
 
 fn live(a: LiveArgs) -> Result<()> {
-    let s = by_name(&a.scenario).map_err(anyhow::Error::msg)?;
     if !(a.time_scale > 0.0 && a.duration > 0.0) {
         anyhow::bail!("--time-scale and --duration must be > 0");
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("--out {}", a.out.display()))?;
+    let (s, load) = a.common.scenario()?;
+    let (seed, out) = (a.common.seed, &a.common.out);
     let cfg = loadlink_bench::live::LiveConfig {
         exe: std::env::current_exe()?,
-        load: a.load.unwrap_or(s.load),
+        load,
         scenario: s.clone(),
-        seed: a.seed,
+        seed,
         time_scale: a.time_scale,
         duration_s: a.duration,
     };
     println!(
-        "live {}: {} (seed {}, load {:.2}, {} virtual s per variant at time-scale {})",
-        s.name, s.about, a.seed, cfg.load, a.duration, a.time_scale
+        "live {}: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
+        s.name,
+        s.about,
+        cfg.load,
+        a.duration,
+        a.time_scale,
+        s.publish_point.as_str()
     );
     let started = std::time::Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -161,11 +182,11 @@ fn live(a: LiveArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     eprintln!();
     print!("{}", table(&rows));
-    let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": a.seed, "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
-    let path = a.out.join(format!("{}-live.json", s.name));
+    let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    let path = out.join(format!("{}-live.json", s.name));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     std::fs::write(
-        a.out.join(format!("{}-live-ttft-cdf.svg", s.name)),
+        out.join(format!("{}-live-ttft-cdf.svg", s.name)),
         cdf_svg(&format!("{} live: TTFT CDF", s.name.to_uppercase()), &rows),
     )?;
     println!(

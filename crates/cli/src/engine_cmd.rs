@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use loadlink_engine::{Engine, EngineConfig, ModelConfig, Timing};
+use loadlink_engine::{Engine, EngineConfig, ModelConfig, PublishPoint, Timing};
 use loadlink_wire::Generation;
 
 #[derive(Args)]
@@ -37,6 +37,12 @@ pub struct EngineArgs {
     /// Publish to each sink every N decode batches (prefill batches and idle heartbeats always publish).
     #[arg(long, default_value_t = 1)]
     load_snapshot_publish_interval: u32,
+    /// Where in each scheduler cycle the load is collected: ingest (after new requests are taken
+    /// in, before the next batch is scheduled; loadlink's choice), scheduled (after scheduling:
+    /// SGLang 0.5.23's overlap loop) or batch-end (after the batch ran, before new requests are
+    /// read: SGLang's normal loop). See docs/engine.md for what each costs a router.
+    #[arg(long, default_value = "ingest", value_parser = PublishPoint::parse)]
+    publish_point: PublishPoint,
     /// Wire generation of the load socket: snapshot (full map, empty topic) or loadstat (SGLang 0.5.23).
     #[arg(long, default_value = "snapshot", value_parser = Generation::parse)]
     load_wire: Generation,
@@ -103,6 +109,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         model_name: a.model_name,
         page_size: 16,
+        publish_point: a.publish_point,
     };
     let rt = crate::runtime()?;
     rt.block_on(async move {

@@ -9,7 +9,7 @@
 
 use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
 use crate::model::{Event, ModelConfig, Submit};
-use crate::rank::{Command, RankHandle, spawn, wall_now};
+use crate::rank::{Command, PublishPoint, RankHandle, spawn, wall_now};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -45,6 +45,8 @@ pub struct EngineConfig {
     pub model_name: String,
     /// KV block size advertised in the descriptor (SGLang's page size).
     pub page_size: i64,
+    /// Where in the scheduler cycle each rank publishes.
+    pub publish_point: PublishPoint,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +64,7 @@ impl Default for EngineConfig {
             max_body_bytes: 4 << 20,
             model_name: "loadlink-sim".into(),
             page_size: 16,
+            publish_point: PublishPoint::default(),
         }
     }
 }
@@ -135,7 +138,7 @@ impl Engine {
         let ranks: Vec<RankHandle> = (0..cfg.dp_size)
             .map(|r| {
                 let built = build_sinks(&ctx, &settings, r);
-                spawn(r, cfg.model, cfg.time_scale, built.sinks)
+                spawn(r, cfg.model, cfg.time_scale, cfg.publish_point, built.sinks)
             })
             .collect();
         let shm = ShmReader::open(&shm_path).map_err(|e| EngineError::Shm {

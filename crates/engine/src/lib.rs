@@ -9,3 +9,4 @@ pub mod rank;
 
 pub use http::{Engine, EngineConfig, EngineError};
 pub use model::{ModelConfig, Timing};
+pub use rank::PublishPoint;

@@ -4,14 +4,13 @@
 //! step, sleeps the step's duration divided by `time_scale`, then delivers the step's events to the
 //! waiting HTTP handlers.
 //!
-//! The snapshot is collected **after** the new requests are taken in and before the step: it shows
-//! the work the coming step starts from, including requests that arrived while the previous step
-//! ran. Publishing at the end of a step instead (before receiving) hides those arrivals for a whole
-//! step, up to ~0.8 s behind a long prefill; publishing after scheduling (SGLang's overlap loop)
-//! hides the prefill about to run. `docs/engine.md` measures both. Cadence: forced after a prefill step, when new requests
-//! arrived and while idle; after decode steps every Nth (the publisher's interval). An idle rank
-//! blocks on the command channel for up to [`IDLE_PUBLISH_FLOOR`], so it publishes a heartbeat
-//! instead of spinning.
+//! Where in the cycle the snapshot is collected is a [`PublishPoint`]. The default,
+//! [`PublishPoint::Ingest`], collects it **after** the new requests are taken in and before the next
+//! batch is scheduled, so it shows the work the coming step starts from. The two points SGLang
+//! 0.5.23 uses are available for comparison; `docs/engine.md` measures all three. Cadence: forced
+//! after a prefill step, when new requests arrived and when the rank goes idle; after decode steps
+//! every Nth (the publisher's interval). An idle rank blocks on the command channel for up to
+//! [`IDLE_PUBLISH_FLOOR`], so it publishes a heartbeat instead of spinning.
 
 use crate::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_publish::{Publisher, Sink, SinkStats};
@@ -24,6 +23,47 @@ use tokio::sync::mpsc::UnboundedSender;
 
 /// An idle rank wakes (and force-publishes) at most this often.
 pub const IDLE_PUBLISH_FLOOR: Duration = Duration::from_millis(100);
+
+/// Where in the scheduler cycle (take in requests → schedule the next batch → run it) a rank
+/// collects and publishes its snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PublishPoint {
+    /// After new requests are taken in, before the next batch is scheduled: requests about to be
+    /// prefilled still count as waiting, with their uncached tokens. loadlink's choice.
+    #[default]
+    Ingest,
+    /// After the next batch is scheduled, before it runs: SGLang 0.5.23's overlap loop (its
+    /// default). The prefill about to run has left the waiting queue.
+    Scheduled,
+    /// After the batch ran, before new requests are read: SGLang 0.5.23's normal loop. Requests
+    /// that arrived during the step stay hidden until the next one.
+    BatchEnd,
+}
+
+impl PublishPoint {
+    pub const ALL: [PublishPoint; 3] = [
+        PublishPoint::Ingest,
+        PublishPoint::Scheduled,
+        PublishPoint::BatchEnd,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PublishPoint::Ingest => "ingest",
+            PublishPoint::Scheduled => "scheduled",
+            PublishPoint::BatchEnd => "batch-end",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown publish point {s:?}; expected ingest, scheduled or batch-end")
+            })
+    }
+}
 
 /// What a rank thread accepts.
 pub enum Command {
@@ -63,6 +103,7 @@ pub fn spawn(
     rank: u32,
     cfg: ModelConfig,
     time_scale: f64,
+    point: PublishPoint,
     sinks: Vec<Box<dyn Sink>>,
 ) -> RankHandle {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -83,7 +124,7 @@ pub fn spawn(
     let steps2 = steps.clone();
     let thread = std::thread::Builder::new()
         .name(format!("rank-{rank}"))
-        .spawn(move || run(rx, scheduler, publisher, scale, virtual_now, steps2))
+        .spawn(move || run(rx, scheduler, publisher, point, scale, virtual_now, steps2))
         .expect("spawning a rank thread");
     RankHandle {
         rank,
@@ -98,6 +139,7 @@ fn run<S: loadlink_publish::LoadSource>(
     rx: Receiver<Command>,
     sched: Arc<Mutex<Scheduler>>,
     mut publisher: Publisher<S>,
+    point: PublishPoint,
     scale: f64,
     virtual_now: impl Fn() -> f64,
     steps: Arc<AtomicU64>,
@@ -144,20 +186,27 @@ fn run<S: loadlink_publish::LoadSource>(
         }
         // The source locks the scheduler itself.
         drop(sched_guard);
-        publisher.publish(idle || arrived || last_kind == StepKind::Prefill);
+        let due = idle || arrived || last_kind == StepKind::Prefill;
+        if point == PublishPoint::Ingest {
+            publisher.publish(due);
+        }
         let step = match sched.lock() {
             Ok(mut g) => g.step(virtual_now()),
             Err(_) => return,
         };
-        let went_idle = step.kind == StepKind::Idle && last_kind != StepKind::Idle;
-        last_kind = step.kind;
-        idle = step.kind == StepKind::Idle;
-        if idle {
-            if went_idle {
-                publisher.publish(true); // say so at once, whatever the decode cadence skipped
+        if step.kind == StepKind::Idle {
+            // Going idle is said at once, whatever the decode cadence skipped; after that, one
+            // heartbeat per idle wake-up (Ingest already sent it at the top of the cycle).
+            if point != PublishPoint::Ingest || last_kind != StepKind::Idle {
+                publisher.publish(true);
             }
+            (idle, last_kind) = (true, StepKind::Idle);
             continue;
         }
+        if point == PublishPoint::Scheduled {
+            publisher.publish(due || step.kind == StepKind::Prefill);
+        }
+        (idle, last_kind) = (false, step.kind);
         steps.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(Duration::from_secs_f64(step.duration / scale));
         for e in &step.events {
@@ -174,6 +223,9 @@ fn run<S: loadlink_publish::LoadSource>(
                     s.abort(id);
                 }
             }
+        }
+        if point == PublishPoint::BatchEnd {
+            publisher.publish(last_kind == StepKind::Prefill);
         }
     }
 }

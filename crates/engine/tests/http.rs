@@ -1,6 +1,6 @@
 //! The engine over real HTTP and a real ZMQ SUB on loopback.
 
-use loadlink_engine::{Engine, EngineConfig, ModelConfig};
+use loadlink_engine::{Engine, EngineConfig, ModelConfig, PublishPoint};
 use loadlink_publish::free_port_block;
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::descriptor::parse_server_info;
@@ -15,7 +15,12 @@ fn kv(port: u16) -> Option<String> {
 }
 
 async fn engine(dp: u32, kv_port: Option<u16>, time_scale: f64) -> Engine {
+    engine_at(dp, kv_port, time_scale, PublishPoint::default()).await
+}
+
+async fn engine_at(dp: u32, kv_port: Option<u16>, time_scale: f64, point: PublishPoint) -> Engine {
     let cfg = EngineConfig {
+        publish_point: point,
         port: 0,
         dp_size: dp,
         time_scale,
@@ -333,47 +338,55 @@ async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads
     e.stop().await;
 }
 
-/// The snapshot is taken after a cycle receives its requests and before the step runs, so routers
-/// see a request waiting for prefill while that prefill runs, not only after it.
+/// Under the default publish point the snapshot is taken after a cycle receives its requests and
+/// before the next batch is scheduled, so routers see a request waiting for prefill while that
+/// prefill runs. At SGLang's two points (after scheduling; after the batch) they never do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_request_is_published_waiting_before_its_prefill_step_ends() {
-    let kv_port = free_port_block(2).unwrap();
-    let e = engine(1, Some(kv_port), 1.0).await;
-    let endpoint = format!("tcp://127.0.0.1:{}", kv_port + 1);
-    let s = tokio::task::spawn_blocking(move || {
-        let s = sub(&endpoint);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && drain(&s).is_empty() {}
-        s
-    })
-    .await
-    .unwrap();
-    // 4,000 prompt tokens: one prefill step of about 0.4 s at time-scale 1, and the only step.
-    let prompt = 4000usize;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/completions", e.url()))
-        .json(&json!({"input_ids": vec![7u32; prompt], "max_tokens": 1}))
-        .send()
+async fn only_the_ingest_point_publishes_a_new_request_waiting_before_its_prefill_ends() {
+    for point in PublishPoint::ALL {
+        let kv_port = free_port_block(2).unwrap();
+        let e = engine_at(1, Some(kv_port), 1.0, point).await;
+        let endpoint = format!("tcp://127.0.0.1:{}", kv_port + 1);
+        let s = tokio::task::spawn_blocking(move || {
+            let s = sub(&endpoint);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && drain(&s).is_empty() {}
+            s
+        })
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
-    let seen = tokio::task::spawn_blocking(move || drain(&s))
-        .await
-        .unwrap();
-    assert!(
-        seen.iter().any(|x| x.num_waiting_reqs == 1
-            && x.num_waiting_uncached_tokens == prompt as i64
-            && x.num_running_reqs == 0),
-        "no snapshot showed the request waiting with its {prompt} uncached tokens: {:?}",
-        seen.iter()
-            .map(|x| (
-                x.num_running_reqs,
-                x.num_waiting_reqs,
-                x.num_waiting_uncached_tokens
-            ))
-            .collect::<Vec<_>>()
-    );
-    e.stop().await;
+        // 4,000 prompt tokens: one prefill step of about 0.4 s at time-scale 1, and the only step.
+        let prompt = 4000usize;
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/completions", e.url()))
+            .json(&json!({"input_ids": vec![7u32; prompt], "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let seen = tokio::task::spawn_blocking(move || drain(&s))
+            .await
+            .unwrap();
+        let waiting_with_tokens = seen.iter().any(|x| {
+            x.num_waiting_reqs == 1
+                && x.num_waiting_uncached_tokens == prompt as i64
+                && x.num_running_reqs == 0
+        });
+        assert_eq!(
+            waiting_with_tokens,
+            point == PublishPoint::Ingest,
+            "{}: (running, waiting, uncached) seen: {:?}",
+            point.as_str(),
+            seen.iter()
+                .map(|x| (
+                    x.num_running_reqs,
+                    x.num_waiting_reqs,
+                    x.num_waiting_uncached_tokens
+                ))
+                .collect::<Vec<_>>()
+        );
+        e.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
