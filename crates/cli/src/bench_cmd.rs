@@ -76,6 +76,20 @@ pub struct SimArgs {
     duration: Option<f64>,
 }
 
+/// Output files name the publish point when it is not the default, so runs do not overwrite each
+/// other: `s1.json`, `s1-scheduled.json`.
+fn point_suffix(s: &Scenario) -> String {
+    if s.publish_point == PublishPoint::default() {
+        String::new()
+    } else {
+        format!("-{}", s.publish_point.as_str())
+    }
+}
+
+fn stem(s: &Scenario) -> String {
+    format!("{}{}", s.name, point_suffix(s))
+}
+
 fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
     format!("{} / {}", v.0.as_str(), v.1.as_str())
 }
@@ -108,7 +122,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
     print!("{}", table(&rows));
     let mut doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
     std::fs::write(
-        out.join(format!("{}-ttft-cdf.svg", s.name)),
+        out.join(format!("{}-ttft-cdf.svg", stem(&s))),
         cdf_svg(
             &format!("{}: TTFT CDF (load {load:.2})", s.name.to_uppercase()),
             &rows,
@@ -130,14 +144,14 @@ pub fn run(c: BenchCommand) -> Result<()> {
         eprintln!();
         doc["sweep"] = sweep.iter().map(row_json).collect();
         std::fs::write(
-            out.join(format!("{}-p99-vs-load.svg", s.name)),
+            out.join(format!("{}-p99-vs-load.svg", stem(&s))),
             sweep_svg(
                 &format!("{}: p99 TTFT vs load", s.name.to_uppercase()),
                 &sweep,
             ),
         )?;
     }
-    let path = out.join(format!("{}.json", s.name));
+    let path = out.join(format!("{}.json", stem(&s)));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     println!(
         "wrote {} and the plots in {}",
@@ -183,10 +197,10 @@ fn live(a: LiveArgs) -> Result<()> {
     eprintln!();
     print!("{}", table(&rows));
     let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
-    let path = out.join(format!("{}-live.json", s.name));
+    let path = out.join(format!("{}-live{}.json", s.name, point_suffix(&s)));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     std::fs::write(
-        out.join(format!("{}-live-ttft-cdf.svg", s.name)),
+        out.join(format!("{}-live{}-ttft-cdf.svg", s.name, point_suffix(&s))),
         cdf_svg(&format!("{} live: TTFT CDF", s.name.to_uppercase()), &rows),
     )?;
     println!(
