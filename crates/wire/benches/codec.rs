@@ -1,7 +1,9 @@
 //! Encode/decode cost of a realistic snapshot (all sections present) and of a LoadStat.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
-use loadlink_wire::codec::{decode_snapshot, decode_stat, encode_snapshot, encode_stat};
+use loadlink_wire::codec::{
+    decode_snapshot, decode_snapshot_into, decode_stat, encode_snapshot, encode_stat,
+};
 use loadlink_wire::snapshot::*;
 
 pub fn realistic() -> LoadSnapshot {
@@ -80,6 +82,10 @@ fn codec(c: &mut Criterion) {
     });
     c.bench_function("snapshot_decode", |b| {
         b.iter(|| decode_snapshot(black_box(&bytes)).unwrap())
+    });
+    let mut into = LoadSnapshot::default();
+    c.bench_function("snapshot_decode_into (allocations reused)", |b| {
+        b.iter(|| decode_snapshot_into(black_box(&bytes), &mut into).unwrap())
     });
     let st = LoadStat::from_snapshot(&s, 3);
     let mut sbuf = Vec::with_capacity(64);

@@ -258,6 +258,29 @@ fn opt_float(
 
 /// Decodes a generation-A snapshot map (tolerant; see module docs).
 pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
+    let mut s = LoadSnapshot::default();
+    decode_snapshot_into(buf, &mut s)?;
+    Ok(s)
+}
+
+/// Allocations a decode can reuse: the previous snapshot's `decode_moments` and
+/// `disaggregation.mode`.
+#[derive(Default)]
+struct Reuse {
+    moments: Vec<f64>,
+    mode: String,
+}
+
+/// [`decode_snapshot`] into `s`, reusing its two heap fields (`decode_moments`,
+/// `disaggregation.mode`): a consumer that keeps one snapshot per rank decodes without allocating
+/// once those have grown. Every field of `s` is overwritten; on error `s` holds the fields decoded
+/// so far and defaults elsewhere.
+pub fn decode_snapshot_into(buf: &[u8], s: &mut LoadSnapshot) -> Result<(), DecodeError> {
+    let mut reuse = Reuse {
+        moments: s.decode_moments.take().unwrap_or_default(),
+        mode: s.disaggregation.take().map(|d| d.mode).unwrap_or_default(),
+    };
+    *s = LoadSnapshot::default();
     let mut r = Reader::new(buf);
     let n = match r.next()? {
         Token::Map(n) => n,
@@ -272,7 +295,6 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
     if n > r.remaining() {
         return Err(DecodeError::Truncated { at: buf.len() });
     }
-    let mut s = LoadSnapshot::default();
     let mut hint = 0;
     for _ in 0..n {
         let key = match r.next()? {
@@ -286,7 +308,7 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
         // In-order core key (the common case) first; then the section names, so a section key
         // does not pay for a scan of every core name; then a core key out of order.
         let in_order = core_at(key, hint);
-        if in_order.is_none() && decode_section(&mut s, key, &mut r)? {
+        if in_order.is_none() && decode_section(s, key, &mut r, &mut reuse)? {
             continue;
         }
         if let Some(idx) = in_order.or_else(|| core_index(key, 0)) {
@@ -301,8 +323,7 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
         }
         r.skip()?;
     }
-    finish(&r)?;
-    Ok(s)
+    finish(&r)
 }
 
 /// Decodes the value of section `key` into `s`; `false` (nothing read) when `key` is no section.
@@ -310,9 +331,12 @@ fn decode_section(
     s: &mut LoadSnapshot,
     key: &[u8],
     r: &mut Reader<'_>,
+    reuse: &mut Reuse,
 ) -> Result<bool, DecodeError> {
     match key {
-        b"decode_moments" => s.decode_moments = decode_float_list(r)?,
+        b"decode_moments" => {
+            s.decode_moments = decode_float_list(r, std::mem::take(&mut reuse.moments))?
+        }
         b"memory" => {
             s.memory = match section(r, "memory", 4, 4)? {
                 None => None,
@@ -360,10 +384,12 @@ fn decode_section(
                 None => None,
                 Some(n) => {
                     let mode = match r.next()? {
-                        Token::Str(m) => std::str::from_utf8(m).map_or_else(
-                            |_| String::from_utf8_lossy(m).into_owned(),
-                            str::to_owned,
-                        ),
+                        Token::Str(m) => {
+                            let mut mode = std::mem::take(&mut reuse.mode);
+                            mode.clear();
+                            mode.push_str(&String::from_utf8_lossy(m));
+                            mode
+                        }
                         other => {
                             return Err(DecodeError::WrongType {
                                 field: "disaggregation.mode",
@@ -443,14 +469,16 @@ fn decode_section(
     Ok(true)
 }
 
-fn decode_float_list(r: &mut Reader<'_>) -> Result<Option<Vec<f64>>, DecodeError> {
+/// A float list or nil, written into `v` (cleared first; its allocation is reused).
+fn decode_float_list(r: &mut Reader<'_>, mut v: Vec<f64>) -> Result<Option<Vec<f64>>, DecodeError> {
     match r.next()? {
         Token::Nil => Ok(None),
         Token::Array(n) => {
             if n > r.remaining() {
                 return Err(DecodeError::Truncated { at: 0 });
             }
-            let mut v = Vec::with_capacity(n);
+            v.clear();
+            v.reserve(n);
             for _ in 0..n {
                 v.push(float("decode_moments", r.next()?)?);
             }

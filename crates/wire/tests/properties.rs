@@ -2,7 +2,7 @@
 //! arbitrary or corrupted bytes.
 
 use loadlink_wire::codec::{
-    decode_payload, decode_snapshot, decode_stat, snapshot_bytes, stat_bytes,
+    decode_payload, decode_snapshot, decode_snapshot_into, decode_stat, snapshot_bytes, stat_bytes,
 };
 use loadlink_wire::descriptor::parse_server_info;
 use loadlink_wire::frame::{decode_frames, seq_frame};
@@ -80,11 +80,14 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(10_000))]
 
     #[test]
-    fn snapshot_round_trips_bit_exact(s in snapshot()) {
+    fn snapshot_round_trips_bit_exact(s in snapshot(), mut prev in snapshot()) {
         let b = snapshot_bytes(&s);
         let back = decode_snapshot(&b).unwrap();
-        prop_assert_eq!(snapshot_bytes(&back), b, "re-encoding gives the same bytes (incl. -0.0 and explicit 0.0)");
-        prop_assert_eq!(back, s);
+        prop_assert_eq!(&snapshot_bytes(&back), &b, "re-encoding gives the same bytes (incl. -0.0 and explicit 0.0)");
+        prop_assert_eq!(&back, &s);
+        // Decoding into a used snapshot (its allocations reused) leaves nothing of it behind.
+        decode_snapshot_into(&b, &mut prev).unwrap();
+        prop_assert_eq!(prev, s);
     }
 
     #[test]
