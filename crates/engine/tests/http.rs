@@ -205,12 +205,16 @@ async fn bad_bodies_get_clear_errors() {
     e.stop().await;
 }
 
-fn sub(endpoint: &str) -> zmq::Socket {
+/// A SUB on `endpoint`, returned once the first message (an idle heartbeat) has arrived: a SUB
+/// misses what was published before its subscription propagated (slow joiner).
+fn joined_sub(endpoint: &str) -> zmq::Socket {
     let ctx = zmq::Context::new();
     let s = ctx.socket(zmq::SUB).unwrap();
     s.set_subscribe(b"").unwrap();
     s.set_rcvtimeo(50).unwrap();
     s.connect(endpoint).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && drain(&s).is_empty() {}
     s
 }
 
@@ -244,17 +248,10 @@ async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads
     let eps = desc.load_endpoints("127.0.0.1");
     assert_eq!(eps.len(), 1);
     assert_eq!(eps[0].endpoint, format!("tcp://127.0.0.1:{}", kv_port + 1));
-    let s = tokio::task::spawn_blocking(move || sub(&eps[0].endpoint))
+    // Idle heartbeats arrive.
+    let s = tokio::task::spawn_blocking(move || joined_sub(&eps[0].endpoint))
         .await
         .unwrap();
-    // Idle heartbeats arrive (slow joiner: wait for the first one).
-    let s = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && drain(&s).is_empty() {}
-        s
-    })
-    .await
-    .unwrap();
     // 40 long requests against 16 slots: running fills, the rest wait.
     let mut tasks = Vec::new();
     for _ in 0..40 {
@@ -347,14 +344,9 @@ async fn only_the_ingest_point_publishes_a_new_request_waiting_before_its_prefil
         let kv_port = free_port_block(2).unwrap();
         let e = engine_at(1, Some(kv_port), 1.0, point).await;
         let endpoint = format!("tcp://127.0.0.1:{}", kv_port + 1);
-        let s = tokio::task::spawn_blocking(move || {
-            let s = sub(&endpoint);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && drain(&s).is_empty() {}
-            s
-        })
-        .await
-        .unwrap();
+        let s = tokio::task::spawn_blocking(move || joined_sub(&endpoint))
+            .await
+            .unwrap();
         // 4,000 prompt tokens: one prefill step of about 0.4 s at time-scale 1, and the only step.
         let prompt = 4000usize;
         let resp = reqwest::Client::new()
