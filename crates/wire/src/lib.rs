@@ -7,7 +7,8 @@
 //! * [`endpoint`], [`ports`] — tcp endpoint parsing and the one port-range resolver;
 //! * [`descriptor`] — the `/server_info` `kv_events` block, built and parsed;
 //! * [`shm`] — the SLNS v2 slot-file layout;
-//! * [`loads`] — `/v1/loads` JSON and Prometheus rendering.
+//! * [`loads`] — `/v1/loads` JSON and Prometheus rendering;
+//! * [`prom`] — the one Prometheus text writer and its strict parser.
 
 pub mod codec;
 pub mod descriptor;
@@ -17,6 +18,7 @@ pub mod frame;
 pub mod loads;
 mod msgpack;
 pub mod ports;
+pub mod prom;
 pub mod shm;
 pub mod snapshot;
 

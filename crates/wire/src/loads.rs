@@ -1,9 +1,9 @@
 //! `/v1/loads` rendering (PROTOCOL.md §7): the JSON document and the Prometheus text form, with
 //! the `include` section filter. Pure: the caller supplies the snapshots and the time.
 
+use crate::prom::{Exposition, MetricType};
 use crate::snapshot::{LoadSnapshot, Scalar};
 use serde_json::{Map, Value, json};
-use std::fmt::Write;
 
 /// Valid `include` options, in the order error messages list them.
 pub const VALID_SECTIONS: [&str; 7] = ["all", "core", "disagg", "lora", "memory", "queues", "spec"];
@@ -201,6 +201,8 @@ pub fn render_json(meta: &LoadsMeta<'_>, loads: &[LoadSnapshot], inc: Include) -
 /// The Prometheus text form: `sglang_<field>{dp_rank="r"}`, sections as `sglang_<section>_<field>`
 /// (speculative → spec, disaggregation → disagg). Strings and lists are not gauges and are skipped.
 pub fn render_prometheus(loads: &[LoadSnapshot], inc: Include) -> String {
+    // Gathered per metric first: the format wants each family's samples together, and the
+    // snapshots come rank by rank.
     let mut series: Vec<(String, Vec<(i64, f64)>)> = Vec::new();
     let mut add =
         |name: String, rank: i64, v: f64| match series.iter_mut().find(|(n, _)| *n == name) {
@@ -219,14 +221,14 @@ pub fn render_prometheus(loads: &[LoadSnapshot], inc: Include) -> String {
             }
         }
     }
-    let mut out = String::new();
+    let mut page = Exposition::new();
     for (name, pts) in series {
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        let mut fam = page.family(name, MetricType::Gauge, "Per-rank scheduler load");
         for (rank, v) in pts {
-            let _ = writeln!(out, "{name}{{dp_rank=\"{rank}\"}} {v}");
+            fam.sample(&[("dp_rank", rank)], v);
         }
     }
-    out
+    page.finish()
 }
 
 /// ISO-8601 UTC (`2026-11-30T09:40:44.123Z`) for a Unix time in seconds, without a clock read.
@@ -430,6 +432,13 @@ mod tests {
         assert!(p.contains("sglang_spec_accept_rate{dp_rank=\"1\"} 0.7\n"));
         assert!(p.contains("sglang_queues_waiting{dp_rank=\"1\"} 4\n"));
         assert_eq!(p.matches("# TYPE sglang_token_usage gauge").count(), 1);
+        let two = [s.clone(), LoadSnapshot { dp_rank: 2, ..s }];
+        let page = crate::prom::parse(&render_prometheus(&two, Include::ALL)).unwrap();
+        assert_eq!(
+            page.value("sglang_num_waiting_reqs", &[("dp_rank", "2")]),
+            Some(4.0)
+        );
+        assert_eq!(page.samples("sglang_token_usage").count(), 2);
         assert_eq!(iso8601(0.0), "1970-01-01T00:00:00.000Z");
         assert_eq!(iso8601(1_796_031_644.5), "2026-11-30T09:40:44.500Z");
     }
