@@ -265,7 +265,7 @@ impl LabelSet for Dyn<'_> {
 pub struct Sample {
     /// The full sample name (for a histogram, with its `_bucket`/`_sum`/`_count` suffix).
     pub name: String,
-    pub labels: Vec<(String, String)>,
+    pub labels: Labels,
     pub value: f64,
 }
 
@@ -351,8 +351,10 @@ fn belongs(sample: &str, fam: &Family) -> bool {
     }
 }
 
+type Labels = Vec<(String, String)>;
+
 /// `{a="x",b="y"}` → pairs, and the rest of the line after the closing brace.
-fn parse_labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     let mut rest = s;
     loop {
