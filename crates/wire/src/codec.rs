@@ -9,6 +9,7 @@
 use crate::error::DecodeError;
 use crate::msgpack::key_block;
 use crate::msgpack::{Reader, Token, Writer};
+use crate::sections::{Section, for_each_section};
 use crate::snapshot::*;
 use crate::snapshot::{CORE_KEY_BLOCKS, CORE_SCALARS, core_at, core_index};
 
@@ -61,61 +62,16 @@ pub fn encode_snapshot(s: &LoadSnapshot, out: &mut Vec<u8>) {
         m.iter().for_each(|&v| w.float(v));
         count += 1;
     }
-    if let Some(m) = &s.memory {
-        w.key(&const { key_block("memory") });
-        w.array_header(4);
-        w.float(m.weight_gb);
-        w.float(m.kv_cache_gb);
-        w.float(m.graph_gb);
-        w.int(m.token_capacity);
-        count += 1;
+    macro_rules! encode_section {
+        ($field:ident: $ty:ty) => {
+            if let Some(m) = &s.$field {
+                w.key(&<$ty as Section>::KEY_BLOCK);
+                m.encode(&mut w);
+                count += 1;
+            }
+        };
     }
-    if let Some(m) = &s.speculative {
-        w.key(&const { key_block("speculative") });
-        w.array_header(2);
-        w.float(m.accept_length);
-        w.float(m.accept_rate);
-        count += 1;
-    }
-    if let Some(m) = &s.lora {
-        w.key(&const { key_block("lora") });
-        w.array_header(3);
-        w.int(m.slots_used);
-        w.int(m.slots_total);
-        w.float(m.utilization);
-        count += 1;
-    }
-    if let Some(m) = &s.disaggregation {
-        w.key(&const { key_block("disaggregation") });
-        w.array_header(8);
-        w.str(&m.mode);
-        for v in [
-            m.prefill_bootstrap_queue_reqs,
-            m.prefill_inflight_queue_reqs,
-            m.decode_prealloc_queue_reqs,
-            m.decode_transfer_queue_reqs,
-            m.decode_retracted_queue_reqs,
-        ] {
-            w.int(v);
-        }
-        w.float(m.kv_transfer_speed_gb_s);
-        w.float(m.kv_transfer_latency_ms);
-        count += 1;
-    }
-    if let Some(q) = &s.queues {
-        w.key(&const { key_block("queues") });
-        w.array_header(5);
-        for v in [
-            q.waiting,
-            q.grammar,
-            q.paused,
-            q.retracted,
-            q.prealloc_ready,
-        ] {
-            w.int(v);
-        }
-        count += 1;
-    }
+    for_each_section!(encode_section);
     out[header_at + 1..header_at + 3].copy_from_slice(&count.to_be_bytes());
 }
 
@@ -176,7 +132,7 @@ fn finish(r: &Reader<'_>) -> Result<(), DecodeError> {
     }
 }
 
-fn int(field: &'static str, t: Token<'_>) -> Result<i64, DecodeError> {
+pub(crate) fn int(field: &'static str, t: Token<'_>) -> Result<i64, DecodeError> {
     match t {
         Token::Int(v) => Ok(v),
         Token::BigUint(value) => Err(DecodeError::IntOutOfRange { field, value }),
@@ -188,7 +144,7 @@ fn int(field: &'static str, t: Token<'_>) -> Result<i64, DecodeError> {
     }
 }
 
-fn float(field: &'static str, t: Token<'_>) -> Result<f64, DecodeError> {
+pub(crate) fn float(field: &'static str, t: Token<'_>) -> Result<f64, DecodeError> {
     match t {
         Token::Float(v) => Ok(v),
         Token::Int(v) => Ok(v as f64),
@@ -196,30 +152,6 @@ fn float(field: &'static str, t: Token<'_>) -> Result<f64, DecodeError> {
         other => Err(DecodeError::WrongType {
             field,
             expected: "float",
-            got: other.kind(),
-        }),
-    }
-}
-
-/// Opens a section array (or nil); checks its length and returns it, or `None` for nil.
-fn section(
-    r: &mut Reader<'_>,
-    name: &'static str,
-    min: usize,
-    max: usize,
-) -> Result<Option<usize>, DecodeError> {
-    match r.next()? {
-        Token::Nil => Ok(None),
-        Token::Array(n) if n >= min => Ok(Some(n)),
-        Token::Array(n) => Err(DecodeError::SectionLength {
-            section: name,
-            min,
-            max,
-            got: n,
-        }),
-        other => Err(DecodeError::WrongType {
-            field: name,
-            expected: "array or nil",
             got: other.kind(),
         }),
     }
@@ -243,17 +175,36 @@ fn opt_int(
     if i < n { int(field, r.next()?) } else { Ok(0) }
 }
 
-fn opt_float(
+/// Decodes a section's value (an array, or nil for none) into `slot`, reusing the allocations of
+/// what `slot` held before.
+fn decode_section_value<S: Section>(
     r: &mut Reader<'_>,
-    field: &'static str,
-    i: usize,
-    n: usize,
-) -> Result<f64, DecodeError> {
-    if i < n {
-        float(field, r.next()?)
-    } else {
-        Ok(0.0)
+    slot: &mut Option<S>,
+) -> Result<(), DecodeError> {
+    match r.next()? {
+        Token::Nil => *slot = None,
+        Token::Array(n) if n >= S::MIN => {
+            let mut m = slot.take().unwrap_or_default();
+            m.decode_into(r, n)?;
+            *slot = Some(m);
+        }
+        Token::Array(n) => {
+            return Err(DecodeError::SectionLength {
+                section: S::KEY,
+                min: S::MIN,
+                max: S::LEN,
+                got: n,
+            });
+        }
+        other => {
+            return Err(DecodeError::WrongType {
+                field: S::KEY,
+                expected: "array or nil",
+                got: other.kind(),
+            });
+        }
     }
+    Ok(())
 }
 
 /// Decodes a generation-A snapshot map (tolerant; see module docs).
@@ -263,24 +214,13 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<LoadSnapshot, DecodeError> {
     Ok(s)
 }
 
-/// Allocations a decode can reuse: the previous snapshot's `decode_moments` and
-/// `disaggregation.mode`.
-#[derive(Default)]
-struct Reuse {
-    moments: Vec<f64>,
-    mode: String,
-}
-
 /// [`decode_snapshot`] into `s`, reusing its two heap fields (`decode_moments`,
 /// `disaggregation.mode`): a consumer that keeps one snapshot per rank decodes without allocating
 /// once those have grown. Every field of `s` is overwritten; on error `s` holds the fields decoded
 /// so far and defaults elsewhere.
 pub fn decode_snapshot_into(buf: &[u8], s: &mut LoadSnapshot) -> Result<(), DecodeError> {
-    let mut reuse = Reuse {
-        moments: s.decode_moments.take().unwrap_or_default(),
-        mode: s.disaggregation.take().map(|d| d.mode).unwrap_or_default(),
-    };
-    *s = LoadSnapshot::default();
+    // What `s` held, for its allocations (`decode_moments`, `disaggregation.mode`).
+    let mut reuse = std::mem::take(s);
     let mut r = Reader::new(buf);
     let n = match r.next()? {
         Token::Map(n) => n,
@@ -331,142 +271,24 @@ fn decode_section(
     s: &mut LoadSnapshot,
     key: &[u8],
     r: &mut Reader<'_>,
-    reuse: &mut Reuse,
+    reuse: &mut LoadSnapshot,
 ) -> Result<bool, DecodeError> {
-    match key {
-        b"decode_moments" => {
-            s.decode_moments = decode_float_list(r, std::mem::take(&mut reuse.moments))?
-        }
-        b"memory" => {
-            s.memory = match section(r, "memory", 4, 4)? {
-                None => None,
-                Some(n) => {
-                    let m = MemoryMetrics {
-                        weight_gb: float("memory.weight_gb", r.next()?)?,
-                        kv_cache_gb: float("memory.kv_cache_gb", r.next()?)?,
-                        graph_gb: float("memory.graph_gb", r.next()?)?,
-                        token_capacity: int("memory.token_capacity", r.next()?)?,
-                    };
-                    skip_extra(r, n, 4)?;
-                    Some(m)
-                }
-            }
-        }
-        b"speculative" => {
-            s.speculative = match section(r, "speculative", 2, 2)? {
-                None => None,
-                Some(n) => {
-                    let m = SpeculativeMetrics {
-                        accept_length: float("speculative.accept_length", r.next()?)?,
-                        accept_rate: float("speculative.accept_rate", r.next()?)?,
-                    };
-                    skip_extra(r, n, 2)?;
-                    Some(m)
-                }
-            }
-        }
-        b"lora" => {
-            s.lora = match section(r, "lora", 3, 3)? {
-                None => None,
-                Some(n) => {
-                    let m = LoraMetrics {
-                        slots_used: int("lora.slots_used", r.next()?)?,
-                        slots_total: int("lora.slots_total", r.next()?)?,
-                        utilization: float("lora.utilization", r.next()?)?,
-                    };
-                    skip_extra(r, n, 3)?;
-                    Some(m)
-                }
-            }
-        }
-        b"disaggregation" => {
-            s.disaggregation = match section(r, "disaggregation", 1, 8)? {
-                None => None,
-                Some(n) => {
-                    let mode = match r.next()? {
-                        Token::Str(m) => {
-                            let mut mode = std::mem::take(&mut reuse.mode);
-                            mode.clear();
-                            mode.push_str(&String::from_utf8_lossy(m));
-                            mode
-                        }
-                        other => {
-                            return Err(DecodeError::WrongType {
-                                field: "disaggregation.mode",
-                                expected: "str",
-                                got: other.kind(),
-                            });
-                        }
-                    };
-                    let m = DisaggregationMetrics {
-                        mode,
-                        prefill_bootstrap_queue_reqs: opt_int(
-                            r,
-                            "disaggregation.prefill_bootstrap_queue_reqs",
-                            1,
-                            n,
-                        )?,
-                        prefill_inflight_queue_reqs: opt_int(
-                            r,
-                            "disaggregation.prefill_inflight_queue_reqs",
-                            2,
-                            n,
-                        )?,
-                        decode_prealloc_queue_reqs: opt_int(
-                            r,
-                            "disaggregation.decode_prealloc_queue_reqs",
-                            3,
-                            n,
-                        )?,
-                        decode_transfer_queue_reqs: opt_int(
-                            r,
-                            "disaggregation.decode_transfer_queue_reqs",
-                            4,
-                            n,
-                        )?,
-                        decode_retracted_queue_reqs: opt_int(
-                            r,
-                            "disaggregation.decode_retracted_queue_reqs",
-                            5,
-                            n,
-                        )?,
-                        kv_transfer_speed_gb_s: opt_float(
-                            r,
-                            "disaggregation.kv_transfer_speed_gb_s",
-                            6,
-                            n,
-                        )?,
-                        kv_transfer_latency_ms: opt_float(
-                            r,
-                            "disaggregation.kv_transfer_latency_ms",
-                            7,
-                            n,
-                        )?,
-                    };
-                    skip_extra(r, n, 8)?;
-                    Some(m)
-                }
-            }
-        }
-        b"queues" => {
-            s.queues = match section(r, "queues", 4, 5)? {
-                None => None,
-                Some(n) => {
-                    let q = QueueMetrics {
-                        waiting: int("queues.waiting", r.next()?)?,
-                        grammar: int("queues.grammar", r.next()?)?,
-                        paused: int("queues.paused", r.next()?)?,
-                        retracted: int("queues.retracted", r.next()?)?,
-                        prealloc_ready: opt_int(r, "queues.prealloc_ready", 4, n)?,
-                    };
-                    skip_extra(r, n, 5)?;
-                    Some(q)
-                }
-            }
-        }
-        _ => return Ok(false),
+    if key == b"decode_moments" {
+        let moments = reuse.decode_moments.take().unwrap_or_default();
+        s.decode_moments = decode_float_list(r, moments)?;
+        return Ok(true);
     }
-    Ok(true)
+    macro_rules! decode_if_key {
+        ($field:ident: $ty:ty) => {
+            if key == <$ty as Section>::KEY.as_bytes() {
+                s.$field = reuse.$field.take();
+                decode_section_value(r, &mut s.$field)?;
+                return Ok(true);
+            }
+        };
+    }
+    for_each_section!(decode_if_key);
+    Ok(false)
 }
 
 /// A float list or nil, written into `v` (cleared first; its allocation is reused).

@@ -1,7 +1,8 @@
 //! `loadlink-wire`: the load-publishing protocol as pure functions and types, shared by the engine
 //! side (publisher) and the router side (subscriber). No I/O, no async runtime, no logging.
 //!
-//! * [`snapshot`] — `LoadSnapshot` (generation A) and `LoadStat` (generation B);
+//! * [`snapshot`] — `LoadSnapshot` (generation A) and `LoadStat` (generation B); its optional
+//!   sections are declared once, in a table (`sections.rs`);
 //! * [`codec`] — msgspec-exact encoding, tolerant decoding, the payload detector;
 //! * [`frame`] — the three-frame message `[topic, i64 BE seq, payload]`;
 //! * [`endpoint`], [`ports`] — tcp endpoint parsing and the one port-range resolver;
@@ -19,6 +20,7 @@ pub mod loads;
 mod msgpack;
 pub mod ports;
 pub mod prom;
+mod sections;
 pub mod shm;
 pub mod snapshot;
 

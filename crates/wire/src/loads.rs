@@ -2,6 +2,7 @@
 //! the `include` section filter. Pure: the caller supplies the snapshots and the time.
 
 use crate::prom::{Exposition, MetricType};
+use crate::sections::{FieldValue, Section, for_each_section};
 use crate::snapshot::{LoadSnapshot, Scalar};
 use serde_json::{Map, Value, json};
 
@@ -20,6 +21,18 @@ pub struct Include {
 }
 
 impl Include {
+    /// Whether the section `/v1/loads` calls `short` (`memory`, `spec`, …) is included.
+    pub fn wants(&self, short: &str) -> bool {
+        match short {
+            "memory" => self.memory,
+            "spec" => self.spec,
+            "lora" => self.lora,
+            "disagg" => self.disagg,
+            "queues" => self.queues,
+            _ => false,
+        }
+    }
+
     pub const ALL: Include = Include {
         core: true,
         memory: true,
@@ -74,88 +87,25 @@ fn scalar_json(v: Scalar) -> Value {
 }
 
 /// One rendered section: (field name, include/prometheus name, its fields).
-type Section = (&'static str, &'static str, Vec<(&'static str, Value)>);
+type RenderedSection<'a> = (
+    &'static str,
+    &'static str,
+    Vec<(&'static str, FieldValue<'a>)>,
+);
 
-/// Every present and included section.
-fn sections(s: &LoadSnapshot, inc: Include) -> Vec<Section> {
+/// Every present and included section, in wire order.
+fn sections(s: &LoadSnapshot, inc: Include) -> Vec<RenderedSection<'_>> {
     let mut out = Vec::new();
-    if let (Some(m), true) = (&s.memory, inc.memory) {
-        out.push((
-            "memory",
-            "memory",
-            vec![
-                ("weight_gb", json!(m.weight_gb)),
-                ("kv_cache_gb", json!(m.kv_cache_gb)),
-                ("graph_gb", json!(m.graph_gb)),
-                ("token_capacity", json!(m.token_capacity)),
-            ],
-        ));
+    macro_rules! render {
+        ($field:ident: $ty:ty) => {
+            if let Some(m) = &s.$field
+                && inc.wants(<$ty as Section>::SHORT)
+            {
+                out.push((<$ty as Section>::KEY, <$ty as Section>::SHORT, m.fields()));
+            }
+        };
     }
-    if let (Some(m), true) = (&s.speculative, inc.spec) {
-        out.push((
-            "speculative",
-            "spec",
-            vec![
-                ("accept_length", json!(m.accept_length)),
-                ("accept_rate", json!(m.accept_rate)),
-            ],
-        ));
-    }
-    if let (Some(m), true) = (&s.lora, inc.lora) {
-        out.push((
-            "lora",
-            "lora",
-            vec![
-                ("slots_used", json!(m.slots_used)),
-                ("slots_total", json!(m.slots_total)),
-                ("utilization", json!(m.utilization)),
-            ],
-        ));
-    }
-    if let (Some(m), true) = (&s.disaggregation, inc.disagg) {
-        out.push((
-            "disaggregation",
-            "disagg",
-            vec![
-                ("mode", json!(m.mode)),
-                (
-                    "prefill_bootstrap_queue_reqs",
-                    json!(m.prefill_bootstrap_queue_reqs),
-                ),
-                (
-                    "prefill_inflight_queue_reqs",
-                    json!(m.prefill_inflight_queue_reqs),
-                ),
-                (
-                    "decode_prealloc_queue_reqs",
-                    json!(m.decode_prealloc_queue_reqs),
-                ),
-                (
-                    "decode_transfer_queue_reqs",
-                    json!(m.decode_transfer_queue_reqs),
-                ),
-                (
-                    "decode_retracted_queue_reqs",
-                    json!(m.decode_retracted_queue_reqs),
-                ),
-                ("kv_transfer_speed_gb_s", json!(m.kv_transfer_speed_gb_s)),
-                ("kv_transfer_latency_ms", json!(m.kv_transfer_latency_ms)),
-            ],
-        ));
-    }
-    if let (Some(q), true) = (&s.queues, inc.queues) {
-        out.push((
-            "queues",
-            "queues",
-            vec![
-                ("waiting", json!(q.waiting)),
-                ("grammar", json!(q.grammar)),
-                ("paused", json!(q.paused)),
-                ("retracted", json!(q.retracted)),
-                ("prealloc_ready", json!(q.prealloc_ready)),
-            ],
-        ));
-    }
+    for_each_section!(render);
     out
 }
 
@@ -172,7 +122,11 @@ pub fn snapshot_dict(s: &LoadSnapshot, inc: Include) -> Value {
     for (field, _, kv) in sections(s, inc) {
         m.insert(
             field.into(),
-            Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+            Value::Object(
+                kv.into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_json()))
+                    .collect(),
+            ),
         );
     }
     Value::Object(m)
@@ -270,19 +224,6 @@ pub fn snapshot_from_dict(v: &Value) -> Result<LoadSnapshot, String> {
         v.as_f64()
             .ok_or_else(|| format!("{k}: expected a number, got {v}"))
     };
-    let section = |k: &str, v: &Value, names: &[&str]| -> Result<Vec<Value>, String> {
-        let o = v
-            .as_object()
-            .ok_or_else(|| format!("{k}: expected an object"))?;
-        names
-            .iter()
-            .map(|n| {
-                o.get(*n)
-                    .cloned()
-                    .ok_or_else(|| format!("{k}.{n}: missing"))
-            })
-            .collect()
-    };
     for (key, val) in obj {
         if val.is_null() {
             continue;
@@ -294,6 +235,15 @@ pub fn snapshot_from_dict(v: &Value) -> Result<LoadSnapshot, String> {
             }
             continue;
         }
+        macro_rules! parse_section {
+            ($field:ident: $ty:ty) => {
+                if key == <$ty as Section>::KEY {
+                    s.$field = Some(<$ty as Section>::from_json(val)?);
+                    continue;
+                }
+            };
+        }
+        for_each_section!(parse_section);
         match key.as_str() {
             "decode_moments" => {
                 let a = val
@@ -304,80 +254,6 @@ pub fn snapshot_from_dict(v: &Value) -> Result<LoadSnapshot, String> {
                         .map(|x| float("decode_moments", x))
                         .collect::<Result<_, _>>()?,
                 );
-            }
-            "memory" => {
-                let f = section(
-                    key,
-                    val,
-                    &["weight_gb", "kv_cache_gb", "graph_gb", "token_capacity"],
-                )?;
-                s.memory = Some(crate::snapshot::MemoryMetrics {
-                    weight_gb: float("memory.weight_gb", &f[0])?,
-                    kv_cache_gb: float("memory.kv_cache_gb", &f[1])?,
-                    graph_gb: float("memory.graph_gb", &f[2])?,
-                    token_capacity: int("memory.token_capacity", &f[3])?,
-                });
-            }
-            "speculative" => {
-                let f = section(key, val, &["accept_length", "accept_rate"])?;
-                s.speculative = Some(crate::snapshot::SpeculativeMetrics {
-                    accept_length: float("speculative.accept_length", &f[0])?,
-                    accept_rate: float("speculative.accept_rate", &f[1])?,
-                });
-            }
-            "lora" => {
-                let f = section(key, val, &["slots_used", "slots_total", "utilization"])?;
-                s.lora = Some(crate::snapshot::LoraMetrics {
-                    slots_used: int("lora.slots_used", &f[0])?,
-                    slots_total: int("lora.slots_total", &f[1])?,
-                    utilization: float("lora.utilization", &f[2])?,
-                });
-            }
-            "disaggregation" => {
-                let names = [
-                    "mode",
-                    "prefill_bootstrap_queue_reqs",
-                    "prefill_inflight_queue_reqs",
-                    "decode_prealloc_queue_reqs",
-                    "decode_transfer_queue_reqs",
-                    "decode_retracted_queue_reqs",
-                    "kv_transfer_speed_gb_s",
-                    "kv_transfer_latency_ms",
-                ];
-                let f = section(key, val, &names)?;
-                s.disaggregation = Some(crate::snapshot::DisaggregationMetrics {
-                    mode: f[0]
-                        .as_str()
-                        .ok_or("disaggregation.mode: expected a string")?
-                        .to_string(),
-                    prefill_bootstrap_queue_reqs: int(names[1], &f[1])?,
-                    prefill_inflight_queue_reqs: int(names[2], &f[2])?,
-                    decode_prealloc_queue_reqs: int(names[3], &f[3])?,
-                    decode_transfer_queue_reqs: int(names[4], &f[4])?,
-                    decode_retracted_queue_reqs: int(names[5], &f[5])?,
-                    kv_transfer_speed_gb_s: float(names[6], &f[6])?,
-                    kv_transfer_latency_ms: float(names[7], &f[7])?,
-                });
-            }
-            "queues" => {
-                let f = section(
-                    key,
-                    val,
-                    &[
-                        "waiting",
-                        "grammar",
-                        "paused",
-                        "retracted",
-                        "prealloc_ready",
-                    ],
-                )?;
-                s.queues = Some(crate::snapshot::QueueMetrics {
-                    waiting: int("queues.waiting", &f[0])?,
-                    grammar: int("queues.grammar", &f[1])?,
-                    paused: int("queues.paused", &f[2])?,
-                    retracted: int("queues.retracted", &f[3])?,
-                    prealloc_ready: int("queues.prealloc_ready", &f[4])?,
-                });
             }
             other => return Err(format!("snapshot: unknown field {other:?}")),
         }

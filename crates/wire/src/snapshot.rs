@@ -181,53 +181,9 @@ impl LoadSnapshot {
     }
 }
 
-/// `memory` section: array `[weight_gb, kv_cache_gb, graph_gb, token_capacity]`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct MemoryMetrics {
-    pub weight_gb: f64,
-    pub kv_cache_gb: f64,
-    pub graph_gb: f64,
-    pub token_capacity: i64,
-}
-
-/// `speculative` section: array `[accept_length, accept_rate]`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SpeculativeMetrics {
-    pub accept_length: f64,
-    pub accept_rate: f64,
-}
-
-/// `lora` section: array `[slots_used, slots_total, utilization]`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LoraMetrics {
-    pub slots_used: i64,
-    pub slots_total: i64,
-    pub utilization: f64,
-}
-
-/// `disaggregation` section; `mode` is "null", "prefill" or "decode".
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DisaggregationMetrics {
-    pub mode: String,
-    pub prefill_bootstrap_queue_reqs: i64,
-    pub prefill_inflight_queue_reqs: i64,
-    pub decode_prealloc_queue_reqs: i64,
-    pub decode_transfer_queue_reqs: i64,
-    pub decode_retracted_queue_reqs: i64,
-    pub kv_transfer_speed_gb_s: f64,
-    pub kv_transfer_latency_ms: f64,
-}
-
-/// `queues` section: array `[waiting, grammar, paused, retracted, prealloc_ready]`
-/// (older engines send the first four).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct QueueMetrics {
-    pub waiting: i64,
-    pub grammar: i64,
-    pub paused: i64,
-    pub retracted: i64,
-    pub prealloc_ready: i64,
-}
+pub use crate::sections::{
+    DisaggregationMetrics, FieldValue, LoraMetrics, MemoryMetrics, QueueMetrics, SpeculativeMetrics,
+};
 
 /// SGLang 0.5.23's generation-B gauge: a tagged array, always written in full.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
