@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod demo_cmd;
 mod engine_cmd;
+mod logging;
 mod publish_cmd;
 mod route_cmd;
 mod watch_cmd;
@@ -12,8 +13,25 @@ use clap::{Parser, Subcommand};
 
 /// loadlink: LLM engines publish their real queue depth; routers route on it.
 #[derive(Parser)]
-#[command(name = "loadlink", version, about, long_about = None)]
+#[command(
+    name = "loadlink",
+    version,
+    about,
+    long_about = None,
+    after_help = "Logs go to stderr. RUST_LOG sets the level filter (default info; e.g. \
+                  RUST_LOG=loadlink_router=debug,info). Colour only when stderr is a terminal."
+)]
 struct Cli {
+    /// Log line format on stderr: text (human-readable) or json (one object per line, for log
+    /// shippers).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "LOADLINK_LOG_FORMAT"
+    )]
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -64,13 +82,8 @@ pub(crate) async fn until_stopped(duration: f64) {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    logging::init(cli.log_format);
     let result = match cli.command {
         Command::Bench(c) => bench_cmd::run(c),
         Command::Demo(a) => demo_cmd::run(a),
