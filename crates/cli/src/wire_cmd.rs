@@ -4,6 +4,9 @@
 use anyhow::{Context, Result, bail};
 use clap::{Subcommand, ValueEnum};
 use loadlink_wire::codec::{decode_payload, snapshot_bytes, stat_bytes};
+use loadlink_wire::kv_events::{
+    decode_kv_batch, kv_batch_bytes, kv_batch_from_json, kv_batch_to_json, page_hashes,
+};
 use loadlink_wire::loads::{Include, snapshot_dict, snapshot_from_dict};
 use loadlink_wire::{
     Generation, KvEventsConfig, LoadStat, Payload, RangeRequest, resolve_load_range,
@@ -17,6 +20,8 @@ use std::time::{Duration, Instant};
 pub enum Kind {
     Snapshot,
     Stat,
+    /// A KV-event stream `KVEventBatch` (`{"ts", "events": [{"type": …}], "attn_dp_rank"}`).
+    KvBatch,
 }
 
 #[derive(Subcommand)]
@@ -24,12 +29,17 @@ pub enum WireCommand {
     /// Read JSON objects (one per line) from stdin, print their msgpack bytes as hex.
     Encode {
         /// `snapshot`: a `to_dict`-shaped object (present floats count as explicitly set);
-        /// `stat`: an object with LoadStat's field names.
+        /// `stat`: an object with LoadStat's field names; `kv-batch`: a KV-event batch.
         #[arg(long, value_enum, default_value = "snapshot")]
         kind: Kind,
     },
     /// Read hex payloads (one per line) from stdin, print each decoded as JSON (or {"error": …}).
-    Decode,
+    Decode {
+        /// `snapshot` or `stat`: either load payload (told apart by its shape); `kv-batch`: a
+        /// KV-event batch.
+        #[arg(long, value_enum, default_value = "snapshot")]
+        kind: Kind,
+    },
     /// Read resolver requests as JSON lines ({kv_endpoint, replay_endpoint, dp_size,
     /// load_publish_endpoint, generation}) and print the decision for each.
     Resolve,
@@ -43,6 +53,12 @@ pub enum WireCommand {
     },
     /// Print every rank's slot of an SLNS slot file as JSON lines (null for an empty slot).
     ShmRead { path: PathBuf },
+    /// Read token-id lists (JSON, one per line) and print each one's page hashes as a JSON list:
+    /// the block hashes a KV-event stream publishes for those tokens from the root.
+    PageHashes {
+        #[arg(long, default_value_t = 1)]
+        page_size: usize,
+    },
     /// Subscribe to a load socket and print each message as a JSON line.
     Listen {
         /// tcp://HOST:PORT of the publisher.
@@ -72,16 +88,23 @@ pub fn run(cmd: WireCommand) -> Result<()> {
                         snapshot_bytes(&snapshot_from_dict(&v).map_err(anyhow::Error::msg)?)
                     }
                     Kind::Stat => stat_bytes(&stat_from_json(&v)?),
+                    Kind::KvBatch => {
+                        kv_batch_bytes(&kv_batch_from_json(&v).map_err(anyhow::Error::msg)?)
+                    }
                 };
                 writeln!(out, "{}", hex(&bytes))?;
             }
         }
-        WireCommand::Decode => {
+        WireCommand::Decode { kind } => {
             for line in stdin.lock().lines() {
                 let line = line?;
-                let v = match unhex(line.trim()) {
-                    Err(e) => json!({ "error": e }),
-                    Ok(b) => match decode_payload(&b) {
+                let v = match (unhex(line.trim()), kind) {
+                    (Err(e), _) => json!({ "error": e }),
+                    (Ok(b), Kind::KvBatch) => match decode_kv_batch(&b) {
+                        Ok(batch) => kv_batch_to_json(&batch),
+                        Err(e) => json!({ "error": e.to_string() }),
+                    },
+                    (Ok(b), _) => match decode_payload(&b) {
                         Ok(p) => payload_json(&p),
                         Err(e) => json!({ "error": e.to_string() }),
                     },
@@ -115,6 +138,18 @@ pub fn run(cmd: WireCommand) -> Result<()> {
                 bytes: &bytes,
             };
             loadlink_publish::Sink::write(&mut sink, w)?;
+        }
+        WireCommand::PageHashes { page_size } => {
+            for line in stdin.lock().lines() {
+                let line = line?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let tokens: Vec<u32> =
+                    serde_json::from_str(&line).context("expected a JSON list of token ids")?;
+                let hashes = page_hashes(&tokens, page_size.max(1));
+                writeln!(out, "{}", json!(hashes))?;
+            }
         }
         WireCommand::ShmRead { path } => {
             for slot in loadlink_publish::read_slots(&path)? {

@@ -35,6 +35,8 @@ pub enum DecodeError {
     UnknownPayload { got: &'static str },
     #[error("array tag: expected \"LoadStat\", got {got:?}")]
     UnknownTag { got: String },
+    #[error("event `type`: expected BlockStored, BlockRemoved or AllBlocksCleared, got {got:?}")]
+    UnknownEventType { got: String },
     #[error("{trailing} trailing bytes after the payload")]
     TrailingBytes { trailing: usize },
 }

@@ -5,6 +5,7 @@
 //!   sections are declared once, in a table (`sections.rs`);
 //! * [`codec`] — msgspec-exact encoding, tolerant decoding, the payload detector;
 //! * [`frame`] — the three-frame message `[topic, i64 BE seq, payload]`;
+//! * [`kv_events`] — the KV-event stream's `KVEventBatch` (SGLang/vLLM encoding) and page hashes;
 //! * [`endpoint`], [`ports`] — tcp endpoint parsing and the one port-range resolver;
 //! * [`descriptor`] — the `/server_info` `kv_events` block, built and parsed;
 //! * [`shm`] — the SLNS v2 slot-file layout;
@@ -16,6 +17,7 @@ pub mod descriptor;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+pub mod kv_events;
 pub mod loads;
 mod msgpack;
 pub mod ports;

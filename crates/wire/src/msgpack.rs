@@ -124,6 +124,18 @@ impl Writer<'_> {
         self.out.extend_from_slice(s.as_bytes());
     }
 
+    pub(crate) fn map_header(&mut self, n: usize) {
+        if n < 16 {
+            self.out.push(0x80 | n as u8);
+        } else if n <= u16::MAX as usize {
+            self.out.push(0xde);
+            self.out.extend_from_slice(&(n as u16).to_be_bytes());
+        } else {
+            self.out.push(0xdf);
+            self.out.extend_from_slice(&(n as u32).to_be_bytes());
+        }
+    }
+
     pub(crate) fn array_header(&mut self, n: usize) {
         if n < 16 {
             self.out.push(0x90 | n as u8);
