@@ -5,6 +5,7 @@
 pub mod api;
 pub mod http;
 pub mod model;
+pub mod radix;
 pub mod rank;
 
 pub use http::{Engine, EngineConfig, EngineError};

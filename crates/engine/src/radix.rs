@@ -1,0 +1,431 @@
+//! The prefix cache of one rank: SGLang's `RadixCache` behaviour at page granularity, with the
+//! KV-event stream as a consequence of its inserts and evictions.
+//!
+//! * **Pages.** The cache holds whole pages of `page_size` tokens. A page is identified by the
+//!   SHA-256 chain SGLang uses for its event hashes (`loadlink_wire::kv_events::page_digest`), so
+//!   the id of a page already names its whole prefix: one map from block hash to node is the tree,
+//!   and the ids a `BlockStored` announces are the ids a router looks up.
+//! * **Match.** A request's longest cached prefix is the run of its page hashes found in the map;
+//!   those tokens skip prefill.
+//! * **Locks.** A running request locks the path it matched (a reference count on every node up
+//!   to the root), so eviction never takes pages in use.
+//! * **Insert.** A finished request inserts its prompt and output (full pages only); new pages are
+//!   announced in one `BlockStored` whose hashes chain parent → child.
+//! * **Evict.** When the pool needs room, unlocked leaves go, least recently used first, each one
+//!   announced in a `BlockRemoved`; a parent whose last child went becomes a leaf in turn.
+//!
+//! Pure: no clock (recency is a counter), no I/O. The owner drains [`PrefixCache::take_events`].
+
+use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, block_hash, page_digest};
+use std::collections::{BTreeSet, HashMap};
+
+/// The page hashes of a token sequence, with the digest the next page would chain from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageChain {
+    pub hashes: Vec<i64>,
+    last: Option<[u8; 32]>,
+    /// Tokens already hashed (a multiple of the page size).
+    hashed: usize,
+}
+
+impl PageChain {
+    /// Hashes every full page of `tokens` not hashed yet (`tokens` must extend what was hashed).
+    pub fn extend(&mut self, tokens: &[u32], page_size: usize) {
+        let page_size = page_size.max(1);
+        while self.hashed + page_size <= tokens.len() {
+            let d = page_digest(
+                self.last.as_ref(),
+                &tokens[self.hashed..self.hashed + page_size],
+            );
+            self.hashes.push(block_hash(&d));
+            self.last = Some(d);
+            self.hashed += page_size;
+        }
+    }
+
+    pub fn of(tokens: &[u32], page_size: usize) -> Self {
+        let mut c = PageChain::default();
+        c.extend(tokens, page_size);
+        c
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    parent: Option<i64>,
+    tokens: Box<[u32]>,
+    children: u32,
+    lock: u32,
+    last_access: u64,
+}
+
+/// A lock on a matched path; give it back with [`PrefixCache::unlock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathLock {
+    /// The deepest locked page, `None` when nothing matched.
+    leaf: Option<i64>,
+}
+
+/// Counters for the published hit rate and for tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub cached_tokens: u64,
+    pub evictable_tokens: u64,
+    pub pages_stored: u64,
+    pub pages_removed: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrefixCache {
+    page_size: usize,
+    nodes: HashMap<i64, Node>,
+    /// Unlocked leaves by (last access, hash): the eviction order.
+    evictable: BTreeSet<(u64, i64)>,
+    tick: u64,
+    evictable_pages: u64,
+    pages_stored: u64,
+    pages_removed: u64,
+    events: Vec<KvEvent>,
+    /// Whether events are recorded (off when nobody publishes them).
+    record: bool,
+}
+
+impl PrefixCache {
+    pub fn new(page_size: usize, record_events: bool) -> Self {
+        PrefixCache {
+            page_size: page_size.max(1),
+            nodes: HashMap::new(),
+            evictable: BTreeSet::new(),
+            tick: 0,
+            evictable_pages: 0,
+            pages_stored: 0,
+            pages_removed: 0,
+            events: Vec::new(),
+            record: record_events,
+        }
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let p = self.page_size as u64;
+        CacheStats {
+            cached_tokens: self.nodes.len() as u64 * p,
+            evictable_tokens: self.evictable_pages * p,
+            pages_stored: self.pages_stored,
+            pages_removed: self.pages_removed,
+        }
+    }
+
+    /// Tokens of the longest cached prefix of a request with these page hashes (no side effects).
+    pub fn matched_tokens(&self, chain: &PageChain) -> u64 {
+        self.matched_pages(chain) as u64 * self.page_size as u64
+    }
+
+    fn matched_pages(&self, chain: &PageChain) -> usize {
+        chain
+            .hashes
+            .iter()
+            .take_while(|h| self.nodes.contains_key(h))
+            .count()
+    }
+
+    fn is_leaf_unlocked(n: &Node) -> bool {
+        n.children == 0 && n.lock == 0
+    }
+
+    /// Moves `hash` to "used now" in the recency order.
+    fn touch(&mut self, hash: i64) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(n) = self.nodes.get_mut(&hash) {
+            if Self::is_leaf_unlocked(n) {
+                self.evictable.remove(&(n.last_access, hash));
+                self.evictable.insert((tick, hash));
+            }
+            n.last_access = tick;
+        }
+    }
+
+    /// Locks the longest cached prefix of `chain` for a request about to run; returns the lock and
+    /// the matched tokens (they skip prefill).
+    pub fn lock(&mut self, chain: &PageChain) -> (PathLock, u64) {
+        let pages = self.matched_pages(chain);
+        let Some(&leaf) = pages.checked_sub(1).and_then(|i| chain.hashes.get(i)) else {
+            return (PathLock::default(), 0);
+        };
+        for &h in &chain.hashes[..pages] {
+            self.touch(h);
+        }
+        self.add_lock(leaf, 1);
+        (
+            PathLock { leaf: Some(leaf) },
+            (pages * self.page_size) as u64,
+        )
+    }
+
+    pub fn unlock(&mut self, lock: PathLock) {
+        if let Some(leaf) = lock.leaf {
+            self.add_lock(leaf, -1);
+        }
+    }
+
+    /// Adds `delta` to the lock count of `from` and every ancestor, keeping the evictable set true.
+    fn add_lock(&mut self, from: i64, delta: i32) {
+        let mut cur = Some(from);
+        while let Some(h) = cur {
+            let Some(n) = self.nodes.get_mut(&h) else {
+                return;
+            };
+            let was = Self::is_leaf_unlocked(n);
+            n.lock = n.lock.saturating_add_signed(delta);
+            let now = Self::is_leaf_unlocked(n);
+            let (key, parent) = ((n.last_access, h), n.parent);
+            self.set_evictable(key, was, now);
+            cur = parent;
+        }
+    }
+
+    fn set_evictable(&mut self, key: (u64, i64), was: bool, now: bool) {
+        match (was, now) {
+            (false, true) => {
+                self.evictable.insert(key);
+                self.evictable_pages += 1;
+            }
+            (true, false) => {
+                self.evictable.remove(&key);
+                self.evictable_pages -= 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// Inserts the full pages of `tokens` (hashed in `chain`); returns how many tokens were new to
+    /// the cache (the rest were cached already, or are a partial last page, and are freed).
+    pub fn insert(&mut self, tokens: &[u32], chain: &PageChain) -> u64 {
+        let p = self.page_size;
+        let mut parent: Option<i64> = None;
+        let mut stored = BlockStored {
+            block_size: p as i64,
+            medium: Some("GPU".into()),
+            ..Default::default()
+        };
+        let mut new_pages = 0u64;
+        for (i, &h) in chain.hashes.iter().enumerate() {
+            let page = &tokens[i * p..(i + 1) * p];
+            if self.nodes.contains_key(&h) {
+                self.touch(h);
+            } else {
+                if let Some(ph) = parent {
+                    self.adopt_child(ph);
+                }
+                self.tick += 1;
+                self.nodes.insert(
+                    h,
+                    Node {
+                        parent,
+                        tokens: page.into(),
+                        children: 0,
+                        lock: 0,
+                        last_access: self.tick,
+                    },
+                );
+                self.set_evictable((self.tick, h), false, true);
+                if stored.block_hashes.is_empty() {
+                    stored.parent_block_hash = parent;
+                } else if stored.block_hashes.last() != parent.as_ref() {
+                    self.flush_stored(&mut stored);
+                    stored.parent_block_hash = parent;
+                }
+                stored.block_hashes.push(h);
+                stored.token_ids.extend(page.iter().map(|&t| i64::from(t)));
+                new_pages += 1;
+            }
+            parent = Some(h);
+        }
+        self.flush_stored(&mut stored);
+        self.pages_stored += new_pages;
+        new_pages * p as u64
+    }
+
+    /// `parent` gains a child: it stops being a leaf.
+    fn adopt_child(&mut self, parent: i64) {
+        if let Some(n) = self.nodes.get_mut(&parent) {
+            let was = Self::is_leaf_unlocked(n);
+            n.children += 1;
+            let key = (n.last_access, parent);
+            self.set_evictable(key, was, false);
+        }
+    }
+
+    fn flush_stored(&mut self, stored: &mut BlockStored) {
+        if stored.block_hashes.is_empty() {
+            return;
+        }
+        let next = BlockStored {
+            block_size: stored.block_size,
+            medium: stored.medium.clone(),
+            ..Default::default()
+        };
+        let done = std::mem::replace(stored, next);
+        if self.record {
+            self.events.push(KvEvent::Stored(done));
+        }
+    }
+
+    /// Evicts unlocked leaves, least recently used first, until `tokens` are freed or nothing
+    /// evictable is left; returns the tokens freed.
+    pub fn evict(&mut self, tokens: u64) -> u64 {
+        let mut freed = 0u64;
+        let mut removed = Vec::new();
+        while freed < tokens {
+            let Some((_, h)) = self.evictable.pop_first() else {
+                break;
+            };
+            self.evictable_pages -= 1;
+            let Some(n) = self.nodes.remove(&h) else {
+                continue;
+            };
+            removed.push(h);
+            freed += self.page_size as u64;
+            if let Some(ph) = n.parent
+                && let Some(p) = self.nodes.get_mut(&ph)
+            {
+                p.children -= 1;
+                let now = Self::is_leaf_unlocked(p);
+                let key = (p.last_access, ph);
+                self.set_evictable(key, false, now);
+            }
+        }
+        self.pages_removed += removed.len() as u64;
+        if self.record && !removed.is_empty() {
+            self.events.push(KvEvent::Removed(BlockRemoved {
+                block_hashes: removed,
+                medium: Some("GPU".into()),
+            }));
+        }
+        freed
+    }
+
+    /// Drops every unlocked page; locked ones stay (they are in use). Announced as
+    /// `AllBlocksCleared` when the cache ends up empty, else as the pages removed.
+    pub fn flush(&mut self) {
+        self.evict(u64::MAX);
+        if self.nodes.is_empty() && self.record {
+            self.events.retain(|e| !matches!(e, KvEvent::Removed(_)));
+            self.events.push(KvEvent::AllCleared);
+        }
+    }
+
+    /// The events since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Whether `hash` is cached (tests, and the model's own consistency checks).
+    pub fn contains(&self, hash: i64) -> bool {
+        self.nodes.contains_key(&hash)
+    }
+
+    /// The tokens of a cached page.
+    pub fn page_tokens(&self, hash: i64) -> Option<&[u32]> {
+        self.nodes.get(&hash).map(|n| &*n.tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(n: u32, salt: u32) -> Vec<u32> {
+        (0..n).map(|i| i * 7 + salt).collect()
+    }
+
+    #[test]
+    fn insert_then_match_longest_prefix_and_events_chain() {
+        let mut c = PrefixCache::new(4, true);
+        let a = toks(10, 1); // two full pages + 2 tokens
+        let ca = PageChain::of(&a, 4);
+        assert_eq!(ca.hashes.len(), 2);
+        assert_eq!(c.insert(&a, &ca), 8);
+        let ev = c.take_events();
+        let [KvEvent::Stored(s)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(s.block_hashes, ca.hashes);
+        assert_eq!(s.parent_block_hash, None);
+        assert_eq!(s.token_ids.len(), 8);
+        // A longer request sharing the first page only.
+        let mut b = a[..4].to_vec();
+        b.extend(toks(8, 99));
+        let cb = PageChain::of(&b, 4);
+        assert_eq!(c.matched_tokens(&cb), 4);
+        assert_eq!(c.insert(&b, &cb), 8);
+        let ev = c.take_events();
+        let [KvEvent::Stored(s)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(s.parent_block_hash, Some(ca.hashes[0]));
+        assert_eq!(s.block_hashes, cb.hashes[1..]);
+        assert_eq!(c.stats().cached_tokens, 16);
+    }
+
+    #[test]
+    fn eviction_takes_only_unlocked_lru_leaves_and_announces_them() {
+        let mut c = PrefixCache::new(2, true);
+        let (a, b, d) = (toks(4, 1), toks(4, 2), toks(4, 3));
+        let (ca, cb, cd) = (
+            PageChain::of(&a, 2),
+            PageChain::of(&b, 2),
+            PageChain::of(&d, 2),
+        );
+        c.insert(&a, &ca);
+        c.insert(&b, &cb);
+        c.insert(&d, &cd);
+        c.take_events();
+        let (lock_b, hit) = c.lock(&cb);
+        assert_eq!(hit, 4);
+        // Using a makes it the most recent; d is now the least recently used.
+        let (lock_a, _) = c.lock(&ca);
+        c.unlock(lock_a);
+        // d's leaf goes first, then d's first page, which became a leaf.
+        assert_eq!(c.evict(4), 4);
+        let ev = c.take_events();
+        assert_eq!(
+            ev,
+            vec![KvEvent::Removed(BlockRemoved {
+                block_hashes: vec![cd.hashes[1], cd.hashes[0]],
+                medium: Some("GPU".into())
+            })]
+        );
+        // Everything evictable goes (a, leaf first); b stays while locked.
+        assert_eq!(c.evict(u64::MAX), 4);
+        assert!(ca.hashes.iter().all(|&h| !c.contains(h)));
+        assert!(cb.hashes.iter().all(|&h| c.contains(h)));
+        assert_eq!(c.stats().evictable_tokens, 0);
+        c.unlock(lock_b);
+        // Only b's leaf is evictable; its first page has a child.
+        assert_eq!(c.stats().evictable_tokens, 2);
+        assert_eq!(c.stats().cached_tokens, 4);
+    }
+
+    #[test]
+    fn flush_of_an_unlocked_cache_is_all_cleared() {
+        let mut c = PrefixCache::new(1, true);
+        let a = toks(3, 5);
+        c.insert(&a, &PageChain::of(&a, 1));
+        c.take_events();
+        c.flush();
+        assert_eq!(c.take_events(), vec![KvEvent::AllCleared]);
+        assert_eq!(
+            c.stats(),
+            CacheStats {
+                pages_stored: 3,
+                pages_removed: 3,
+                ..Default::default()
+            }
+        );
+    }
+}
