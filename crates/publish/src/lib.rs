@@ -6,6 +6,7 @@
 
 pub mod factory;
 pub mod free_ports;
+pub mod kv_publisher;
 pub mod publisher;
 pub mod shm_sink;
 pub mod sink;
@@ -13,6 +14,7 @@ pub mod zmq_sinks;
 
 pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks};
 pub use free_ports::free_port_block;
+pub use kv_publisher::{KvEventPublisher, KvPublisherConfig, KvPublisherStats};
 pub use publisher::{
     CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,
 };

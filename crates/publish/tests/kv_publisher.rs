@@ -1,0 +1,115 @@
+//! The KV-event publisher on real libzmq sockets: live frames in order, replay from a seq with the
+//! end marker, and a full queue that drops (counted) instead of blocking.
+
+use loadlink_publish::{KvEventPublisher, KvPublisherConfig, free_port_block};
+use loadlink_wire::kv_events::{BlockRemoved, KvEvent, KvEventBatch, decode_kv_batch};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn batch(i: i64) -> KvEventBatch {
+    KvEventBatch {
+        ts: i as f64,
+        events: vec![KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![i],
+            medium: None,
+        })],
+        attn_dp_rank: Some(0),
+    }
+}
+
+/// Subscribes and publishes heartbeats of `AllCleared` until the SUB sees one (slow joiner).
+fn joined(ctx: &zmq::Context, p: &KvEventPublisher, port: u16) -> zmq::Socket {
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"kv").unwrap();
+    sub.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        p.publish(KvEventBatch {
+            ts: -1.0,
+            events: vec![KvEvent::AllCleared],
+            attn_dp_rank: None,
+        });
+        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
+            // Drain the join messages.
+            while sub.poll(zmq::POLLIN, 100).unwrap() > 0 {
+                sub.recv_multipart(0).unwrap();
+            }
+            return sub;
+        }
+    }
+    panic!("subscriber never joined");
+}
+
+#[test]
+fn live_frames_in_order_and_replay_from_a_seq() {
+    let base = free_port_block(2).unwrap();
+    let ports = [base, base + 1];
+    let ctx = zmq::Context::new();
+    let mut cfg = KvPublisherConfig::new(format!("tcp://*:{}", ports[0]));
+    cfg.replay_endpoint = Some(format!("tcp://*:{}", ports[1]));
+    cfg.topic = "kv".into();
+    cfg.buffer_steps = 4;
+    let p = KvEventPublisher::bind(&ctx, cfg).unwrap();
+    let sub = joined(&ctx, &p, ports[0]);
+    for i in 0..6 {
+        assert!(p.publish(batch(i)));
+    }
+    let mut live = Vec::new();
+    while live.len() < 6 {
+        let f = sub.recv_multipart(0).unwrap();
+        assert_eq!(f.len(), 3);
+        assert_eq!(f[0], b"kv");
+        let seq = i64::from_be_bytes(f[1][..].try_into().unwrap());
+        live.push((seq, decode_kv_batch(&f[2]).unwrap()));
+    }
+    let first = live[0].0;
+    assert!(live.windows(2).all(|w| w[1].0 == w[0].0 + 1));
+    assert_eq!(
+        live.iter().map(|(_, b)| b.clone()).collect::<Vec<_>>(),
+        (0..6).map(batch).collect::<Vec<_>>()
+    );
+
+    // Replay from the seq of batch 3: the buffer (4 steps) still holds 2..5.
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer
+        .connect(&format!("tcp://127.0.0.1:{}", ports[1]))
+        .unwrap();
+    let from = first + 3;
+    dealer
+        .send_multipart([&b""[..], &from.to_be_bytes()], 0)
+        .unwrap();
+    let mut replayed = Vec::new();
+    loop {
+        assert!(
+            dealer.poll(zmq::POLLIN, 5000).unwrap() > 0,
+            "replay timed out"
+        );
+        let f = dealer.recv_multipart(0).unwrap();
+        assert_eq!(f.len(), 4, "{f:?}");
+        let seq = i64::from_be_bytes(f[2][..].try_into().unwrap());
+        if seq == -1 {
+            assert!(f[1].is_empty() && f[3].is_empty());
+            break;
+        }
+        assert_eq!(f[1], b"kv");
+        replayed.push((seq, decode_kv_batch(&f[3]).unwrap()));
+    }
+    assert_eq!(replayed, live[3..].to_vec());
+    assert_eq!(p.stats().replays.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_instead_of_blocking() {
+    let ports = [free_port_block(1).unwrap()];
+    let ctx = zmq::Context::new();
+    let mut cfg = KvPublisherConfig::new(format!("tcp://*:{}", ports[0]));
+    cfg.max_queue_size = 1;
+    let mut p = KvEventPublisher::bind(&ctx, cfg).unwrap();
+    let n = 20_000;
+    let accepted = (0..n).filter(|&i| p.publish(batch(i))).count() as u64;
+    p.close();
+    let s = p.stats();
+    assert_eq!(s.dropped.load(Ordering::Relaxed), n as u64 - accepted);
+    assert_eq!(s.published.load(Ordering::Relaxed), accepted);
+    assert!(accepted >= 1);
+}
