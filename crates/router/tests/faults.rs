@@ -6,23 +6,27 @@ use axum::routing::{get, post};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::book::MAX_REPORTED;
-use loadlink_testkit::{http_worker, router as router_with, wait_for, wait_until, worker_json};
+use loadlink_testkit::{
+    http_worker, router as router_with, scrape, wait_for, wait_until, worker_json,
+};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
+use loadlink_wire::prom::Scrape;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn dropped(metrics: &str, worker: &str, reason: &str) -> u64 {
-    let key = format!("loadlink_frames_dropped_total{{worker=\"{worker}\",reason=\"{reason}\"}} ");
+/// Frames from `worker` the router dropped for `reason` (0 when the series is absent).
+fn dropped(metrics: &Scrape, worker: &str, reason: &str) -> f64 {
     metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+        .value(
+            "loadlink_frames_dropped_total",
+            &[("worker", worker), ("reason", reason)],
+        )
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,25 +81,18 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
     .await;
     let c = reqwest::Client::new();
     let metrics = wait_until("every malformation counted", 15, || async {
-        let m = c
-            .get(format!("{}/metrics", r.url()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = scrape(&c, &r.url()).await;
         if ["frame_count", "seq_length", "end_marker", "payload"]
             .iter()
-            .all(|k| dropped(&m, &liar, k) > 0)
+            .all(|k| dropped(&m, &liar, k) > 0.0)
         {
             Ok(m)
         } else {
-            Err(m)
+            Err(format!("{m:?}"))
         }
     })
     .await;
-    assert_eq!(dropped(&metrics, &honest, "payload"), 0);
+    assert_eq!(dropped(&metrics, &honest, "payload"), 0.0);
     let w = worker_json(&c, &r.url(), &liar).await;
     assert_eq!(w["source"], "engine");
     assert_eq!(
