@@ -1,7 +1,7 @@
 //! The engine over real HTTP and a real ZMQ SUB on loopback.
 
 use loadlink_engine::{Engine, PublishPoint};
-use loadlink_testkit::{drain_snapshots as drain, joined_sub, wait_for};
+use loadlink_testkit::{drain_snapshots as drain, joined_sub, scrape, wait_for};
 use loadlink_wire::descriptor::parse_server_info;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -361,6 +361,9 @@ async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
     })
     .await;
     assert_eq!(e.open_requests(), 0);
+    // The metrics page is well-formed and counts the abort.
+    let m = scrape(&c, &e.url()).await;
+    assert_eq!(m.value("loadlink_engine_aborted_total", &[]), Some(1.0));
     e.stop().await;
 }
 
