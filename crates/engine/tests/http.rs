@@ -1,53 +1,32 @@
 //! The engine over real HTTP and a real ZMQ SUB on loopback.
 
-use loadlink_engine::{Engine, EngineConfig, ModelConfig, PublishPoint};
-use loadlink_publish::free_port_block;
-use loadlink_wire::LoadSnapshot;
+use loadlink_engine::{Engine, PublishPoint};
+use loadlink_testkit::{drain_snapshots as drain, joined_sub, scrape, wait_for};
 use loadlink_wire::descriptor::parse_server_info;
-use loadlink_wire::frame::decode_frames;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-fn kv(port: u16) -> Option<String> {
-    Some(format!(
-        r#"{{"publisher":"zmq","endpoint":"tcp://*:{port}"}}"#
-    ))
+/// Seconds a test waits for the engine to reach a state.
+const WAIT_SECS: u64 = 15;
+
+/// An engine without a load range, `time_scale` times faster than real time, taking bodies up to
+/// 64 KiB.
+async fn engine(time_scale: f64) -> Engine {
+    loadlink_testkit::engine(|c| {
+        c.time_scale = time_scale;
+        c.max_body_bytes = 64 * 1024;
+    })
+    .await
 }
 
-async fn engine(dp: u32, kv_port: Option<u16>, time_scale: f64) -> Engine {
-    engine_at(dp, kv_port, time_scale, PublishPoint::default()).await
-}
-
-async fn engine_at(dp: u32, kv_port: Option<u16>, time_scale: f64, point: PublishPoint) -> Engine {
-    let cfg = EngineConfig {
-        publish_point: point,
-        port: 0,
-        dp_size: dp,
-        time_scale,
-        kv_events_config: kv_port.and_then(kv),
-        max_body_bytes: 64 * 1024,
-        model: ModelConfig {
-            max_running_requests: 16,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Engine::start(cfg).await.expect("engine starts")
-}
-
-/// Polls `cond` every 20 ms for up to 15 s.
-async fn wait_for<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
-    what: &str,
-    mut cond: F,
-) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
+/// An engine at time-scale 1 publishing its load from `point`; returns it with its KV port.
+async fn publishing_engine(dp: u32, point: PublishPoint) -> (Engine, u16) {
+    loadlink_testkit::publishing_engine(|c| {
+        c.dp_size = dp;
+        c.publish_point = point;
+        c.max_body_bytes = 64 * 1024;
+    })
+    .await
 }
 
 async fn loads(c: &reqwest::Client, url: &str) -> Vec<Value> {
@@ -64,7 +43,7 @@ async fn loads(c: &reqwest::Client, url: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers_json_and_sse_with_usage() {
-    let e = engine(1, None, 20.0).await;
+    let e = engine(20.0).await;
     let c = reqwest::Client::new();
     let cases = [
         (
@@ -147,7 +126,7 @@ async fn every_route_answers_json_and_sse_with_usage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bodies_get_clear_errors() {
-    let e = engine(1, None, 20.0).await;
+    let e = engine(20.0).await;
     let c = reqwest::Client::new();
     let cases: [(&str, Vec<u8>, u16, &str); 6] = [
         (
@@ -205,34 +184,10 @@ async fn bad_bodies_get_clear_errors() {
     e.stop().await;
 }
 
-/// A SUB on `endpoint`, returned once the first message (an idle heartbeat) has arrived: a SUB
-/// misses what was published before its subscription propagated (slow joiner).
-fn joined_sub(endpoint: &str) -> zmq::Socket {
-    let ctx = zmq::Context::new();
-    let s = ctx.socket(zmq::SUB).unwrap();
-    s.set_subscribe(b"").unwrap();
-    s.set_rcvtimeo(50).unwrap();
-    s.connect(endpoint).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && drain(&s).is_empty() {}
-    s
-}
-
-fn drain(s: &zmq::Socket) -> Vec<LoadSnapshot> {
-    let mut out = Vec::new();
-    while let Ok(f) = s.recv_multipart(0) {
-        if let Ok(m) = decode_frames(&f) {
-            out.push(m.payload.into_snapshot());
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads() {
     // The load range of a dp-1 engine is the one port after its KV port.
-    let kv_port = free_port_block(2).unwrap();
-    let e = engine(1, Some(kv_port), 1.0).await;
+    let (e, kv_port) = publishing_engine(1, PublishPoint::default()).await;
     let c = reqwest::Client::new();
     let info = c
         .get(format!("{}/server_info", e.url()))
@@ -341,8 +296,7 @@ async fn the_advertised_socket_shows_load_rise_and_fall_and_agrees_with_v1_loads
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_ingest_point_publishes_a_new_request_waiting_before_its_prefill_ends() {
     for point in PublishPoint::ALL {
-        let kv_port = free_port_block(2).unwrap();
-        let e = engine_at(1, Some(kv_port), 1.0, point).await;
+        let (e, kv_port) = publishing_engine(1, point).await;
         let endpoint = format!("tcp://127.0.0.1:{}", kv_port + 1);
         let s = tokio::task::spawn_blocking(move || joined_sub(&endpoint))
             .await
@@ -383,7 +337,7 @@ async fn only_the_ingest_point_publishes_a_new_request_waiting_before_its_prefil
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
-    let e = engine(1, None, 1.0).await;
+    let e = engine(1.0).await;
     let c = reqwest::Client::new();
     let mut resp = c
         .post(format!("{}/v1/completions", e.url()))
@@ -393,7 +347,7 @@ async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
         .unwrap();
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
-    wait_for("KV in use", || async {
+    wait_for("KV in use", WAIT_SECS, || async {
         loads(&c, &e.url()).await[0]["num_used_tokens"]
             .as_i64()
             .unwrap()
@@ -401,18 +355,21 @@ async fn a_client_disconnect_aborts_the_request_and_frees_kv() {
     })
     .await;
     drop(resp);
-    wait_for("KV freed after the disconnect", || async {
+    wait_for("KV freed after the disconnect", WAIT_SECS, || async {
         let l = loads(&c, &e.url()).await;
         l[0]["num_used_tokens"] == 0 && l[0]["num_running_reqs"] == 0
     })
     .await;
     assert_eq!(e.open_requests(), 0);
+    // The metrics page is well-formed and counts the abort.
+    let m = scrape(&c, &e.url()).await;
+    assert_eq!(m.value("loadlink_engine_aborted_total", &[]), Some(1.0));
     e.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dp_ranks_share_the_load_through_the_shm_dispatcher() {
-    let e = engine(2, Some(free_port_block(4).unwrap()), 1.0).await;
+    let (e, _) = publishing_engine(2, PublishPoint::default()).await;
     let c = reqwest::Client::new();
     let mut tasks = Vec::new();
     for _ in 0..20 {
@@ -426,7 +383,7 @@ async fn dp_ranks_share_the_load_through_the_shm_dispatcher() {
         }));
     }
     // Every request lands (20 in the engine), and the dispatcher splits them, not one rank.
-    wait_for("all 20 requests in the engine", || async {
+    wait_for("all 20 requests in the engine", WAIT_SECS, || async {
         let l = loads(&c, &e.url()).await;
         l.len() == 2
             && l.iter()

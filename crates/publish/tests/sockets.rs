@@ -5,34 +5,10 @@ use loadlink_publish::{
     Encoded, EngineSettings, InternalSink, PubSink, Publisher, PushSink, ShmSink, Sink,
     WriteOutcome, build_sinks, free_port_block,
 };
+use loadlink_testkit::{KvEvents, first_message, publish_until_received, sub};
 use loadlink_wire::codec::{decode_payload, snapshot_bytes};
 use loadlink_wire::{Generation, LoadSnapshot, Payload};
-use std::time::{Duration, Instant};
-
-fn sub(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
-    let s = ctx.socket(zmq::SUB).unwrap();
-    s.set_subscribe(b"").unwrap();
-    s.set_rcvtimeo(50).unwrap();
-    s.connect(endpoint).unwrap();
-    s
-}
-
-/// Publishes until the SUB has a message (slow joiner), bounded; returns the frames.
-fn first_message(sink: &mut dyn Sink, sub: &zmq::Socket, snap: &LoadSnapshot) -> Vec<Vec<u8>> {
-    let bytes = snapshot_bytes(snap);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        sink.write(Encoded {
-            snapshot: snap,
-            bytes: &bytes,
-        })
-        .unwrap();
-        if let Ok(f) = sub.recv_multipart(0) {
-            return f;
-        }
-    }
-    panic!("no message within 10 s");
-}
+use std::time::Duration;
 
 /// A free port for one socket.
 fn port() -> u16 {
@@ -62,7 +38,7 @@ fn generation_a_frames_and_sequence() {
     )
     .unwrap();
     let s = sub(&ctx, &format!("tcp://127.0.0.1:{pub_port}"));
-    let f = first_message(&mut p, &s, &snap(0, 4));
+    let f = publish_until_received(&mut p, &s, &snap(0, 4));
     assert_eq!(f.len(), 3);
     assert_eq!(f[0], b"");
     assert_eq!(f[1].len(), 8);
@@ -71,7 +47,7 @@ fn generation_a_frames_and_sequence() {
         decode_payload(&f[2]).unwrap(),
         Payload::Snapshot(snap(0, 4))
     );
-    let f2 = first_message(&mut p, &s, &snap(0, 5));
+    let f2 = publish_until_received(&mut p, &s, &snap(0, 5));
     assert_eq!(
         i64::from_be_bytes(f2[1].clone().try_into().unwrap()),
         first_seq + 1,
@@ -93,7 +69,7 @@ fn generation_b_sends_changes_at_once_and_unchanged_stats_only_on_heartbeat() {
     .unwrap()
     .with_heartbeat(Duration::from_millis(300));
     let s = sub(&ctx, &format!("tcp://127.0.0.1:{pub_port}"));
-    let f = first_message(&mut p, &s, &snap(2, 4));
+    let f = publish_until_received(&mut p, &s, &snap(2, 4));
     assert_eq!(f[0], b"load");
     let Payload::Stat(st) = decode_payload(&f[2]).unwrap() else {
         panic!("expected a LoadStat")
@@ -153,7 +129,7 @@ fn advertised_base_is_the_bound_base_for_dp_1_2_8_in_both_generations() {
         for dp in [1u32, 2, 8] {
             // The KV port itself is not bound here; the load range follows it.
             let kv_port = free_port_block(2 * dp as u16).unwrap();
-            let kv = format!(r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}"}}"#);
+            let kv = KvEvents::zmq(kv_port).json();
             let st = settings(Some(&kv), Some("auto"), dp, g);
             let desc = st.advertise(16).expect("an active KV config is advertised");
             let base = desc
@@ -171,7 +147,7 @@ fn advertised_base_is_the_bound_base_for_dp_1_2_8_in_both_generations() {
                 );
                 let mut sinks = built.sinks;
                 let s = sub(&ctx, &ep.endpoint);
-                let f = first_message(sinks[0].as_mut(), &s, &snap(rank as i64, 1));
+                let f = publish_until_received(sinks[0].as_mut(), &s, &snap(rank as i64, 1));
                 assert_eq!(
                     f[0],
                     g.topic(),
@@ -189,51 +165,49 @@ fn every_decline_binds_nothing_and_advertises_no_range() {
     let cases = [
         (None, None, Generation::Snapshot),
         (
-            Some(r#"{"publisher":"null","endpoint":"tcp://*:43000"}"#),
+            Some(KvEvents::zmq(43000).publisher("null").json()),
             None,
             Generation::Snapshot,
         ),
         (
-            Some(r#"{"publisher":"zmq","endpoint":"tcp://*:43010"}"#),
+            Some(KvEvents::zmq(43010).json()),
             Some("off"),
             Generation::Snapshot,
         ),
         (
-            Some(r#"{"publisher":"zmq","endpoint":"tcp://*:43020"}"#),
+            Some(KvEvents::zmq(43020).json()),
             None,
             Generation::LoadStat,
         ),
         (
-            Some(r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:43030"}"#),
+            Some(KvEvents::endpoint("tcp://127.0.0.1:43030").json()),
             None,
             Generation::Snapshot,
         ),
         (
-            Some(r#"{"publisher":"zmq","endpoint":"ipc:///tmp/kv"}"#),
+            Some(KvEvents::endpoint("ipc:///tmp/kv").json()),
             Some("auto"),
             Generation::LoadStat,
         ),
         (
-            Some(r#"{"publisher":"zmq","endpoint":"tcp://*:65534"}"#),
+            Some(KvEvents::zmq(65534).json()),
             None,
             Generation::Snapshot,
         ),
         (
-            Some(
-                r#"{"publisher":"zmq","endpoint":"tcp://*:43040","replay_endpoint":"tcp://*:43041"}"#,
-            ),
+            Some(KvEvents::zmq(43040).replay(43041).json()),
             None,
             Generation::Snapshot,
         ),
         (
-            Some(r#"{"publisher":"zmq","endpoint":"tcp://*:43050"}"#),
+            Some(KvEvents::zmq(43050).json()),
             Some("tcp://10.0.0.1:7000"),
             Generation::LoadStat,
         ),
-        (Some("{not json"), Some("auto"), Generation::Snapshot),
+        (Some("{not json".into()), Some("auto"), Generation::Snapshot),
     ];
     for (kv, mode, g) in cases {
-        let st = settings(kv, mode, 4, g);
+        let st = settings(kv.as_deref(), mode, 4, g);
         let built = build_sinks(&ctx, &st, 0);
         assert!(
             built.sinks.is_empty() && built.range.is_none(),
@@ -253,10 +227,7 @@ fn every_decline_binds_nothing_and_advertises_no_range() {
 fn a_bad_router_endpoint_costs_only_the_pub_sink() {
     let ctx = zmq::Context::new();
     let dir = tempfile::tempdir().unwrap();
-    let kv = format!(
-        r#"{{"publisher":"zmq","endpoint":"tcp://*:{}"}}"#,
-        free_port_block(2).unwrap()
-    );
+    let kv = KvEvents::zmq(free_port_block(2).unwrap()).json();
     let mut st = settings(
         Some(&kv),
         Some("tcp://10.1.1.1:7000"),
@@ -332,19 +303,14 @@ fn push_sink_feeds_a_pull_owner_and_shm_rejects_a_foreign_rank() {
     let mut push = PushSink::connect(&ctx, &format!("tcp://127.0.0.1:{pull_port}"), 1, 1).unwrap();
     let s = snap(1, 6);
     let b = snapshot_bytes(&s);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        assert!(Instant::now() < deadline, "PULL got nothing");
+    let got = first_message(&pull, || {
         push.write(Encoded {
             snapshot: &s,
             bytes: &b,
         })
         .unwrap();
-        if let Ok(m) = pull.recv_bytes(0) {
-            break m;
-        }
-    };
-    assert_eq!(got, b);
+    });
+    assert_eq!(got, [b]);
     let dir = tempfile::tempdir().unwrap();
     let mut shm = ShmSink::open(&dir.path().join("x.shm"), 2, 0, 1).unwrap();
     let other = snap(1, 1);

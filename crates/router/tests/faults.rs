@@ -2,29 +2,31 @@
 //! and a worker that dies mid-stream (its socket closed the way the kernel closes a SIGKILLed
 //! process's sockets).
 
-mod common;
-
 use axum::routing::{get, post};
-use common::{http_worker, router as router_with, worker_json};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::book::MAX_REPORTED;
+use loadlink_testkit::{
+    http_worker, router as router_with, scrape, wait_for, wait_until, worker_json,
+};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
+use loadlink_wire::prom::Scrape;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn dropped(metrics: &str, worker: &str, reason: &str) -> u64 {
-    let key = format!("loadlink_frames_dropped_total{{worker=\"{worker}\",reason=\"{reason}\"}} ");
+/// Frames from `worker` the router dropped for `reason` (0 when the series is absent).
+fn dropped(metrics: &Scrape, worker: &str, reason: &str) -> f64 {
     metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+        .value(
+            "loadlink_frames_dropped_total",
+            &[("worker", worker), ("reason", reason)],
+        )
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,29 +80,19 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
     )
     .await;
     let c = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let metrics = loop {
-        let m = c
-            .get(format!("{}/metrics", r.url()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+    let metrics = wait_until("every malformation counted", 15, || async {
+        let m = scrape(&c, &r.url()).await;
         if ["frame_count", "seq_length", "end_marker", "payload"]
             .iter()
-            .all(|k| dropped(&m, &liar, k) > 0)
+            .all(|k| dropped(&m, &liar, k) > 0.0)
         {
-            break m;
+            Ok(m)
+        } else {
+            Err(format!("{m:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "not every malformation was counted:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(dropped(&metrics, &honest, "payload"), 0);
+    })
+    .await;
+    assert_eq!(dropped(&metrics, &honest, "payload"), 0.0);
     let w = worker_json(&c, &r.url(), &liar).await;
     assert_eq!(w["source"], "engine");
     assert_eq!(
@@ -250,16 +242,9 @@ async fn a_dead_worker_is_used_again_when_it_comes_back() {
             post(|| async { axum::Json(json!({"choices": [{"text": "back"}]})) }),
         );
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if send().await == dead {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the revived worker never got traffic again"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for("the revived worker to get traffic again", 15, || async {
+        send().await == dead
+    })
+    .await;
     r.stop().await;
 }

@@ -1,36 +1,24 @@
 //! The router on loopback against real engines (in-process `loadlink engine`s) and controllable
 //! workers (a small HTTP server plus a real `PubSink` the test starts, stops and restarts).
 
-mod common;
-
-use common::{router, wait_for, workers};
-use loadlink_engine::{Engine, EngineConfig, ModelConfig};
+use loadlink_engine::Engine;
 use loadlink_publish::{Encoded, PubSink, Sink, free_port_block};
 use loadlink_router::LoadSignal;
+use loadlink_testkit::{
+    http_worker, router, scrape, wait_for, wait_until_sync, worker_json, workers,
+};
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::{Generation, LoadSnapshot};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// A dp-1 engine whose KV port and load port come from a free block.
+/// A dp-1 engine publishing its load, `time_scale` times faster than real time.
 async fn engine(time_scale: f64) -> Engine {
-    let kv_port = free_port_block(2).unwrap();
-    Engine::start(EngineConfig {
-        port: 0,
-        time_scale,
-        kv_events_config: Some(format!(
-            r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}"}}"#
-        )),
-        model: ModelConfig {
-            max_running_requests: 16,
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await
-    .unwrap()
+    loadlink_testkit::publishing_engine(|c| c.time_scale = time_scale)
+        .await
+        .0
 }
 
 fn worker_of(resp: &reqwest::Response) -> String {
@@ -117,7 +105,7 @@ struct FakeWorker {
 
 async fn fake_worker(advertise: bool) -> FakeWorker {
     let load_port = free_port_block(1).unwrap();
-    let url = common::http_worker(advertise.then_some(load_port)).await;
+    let url = http_worker(advertise.then_some(load_port)).await;
     let (publishing, restart, waiting, stop) = (
         Arc::new(AtomicBool::new(true)),
         Arc::new(AtomicBool::new(false)),
@@ -145,23 +133,15 @@ async fn fake_worker(advertise: bool) -> FakeWorker {
                 if r.swap(false, Ordering::Relaxed) {
                     drop(sink);
                     // libzmq releases the port asynchronously: retry the bind briefly.
-                    let deadline = Instant::now() + Duration::from_secs(5);
-                    sink = loop {
-                        match PubSink::bind(
+                    sink = wait_until_sync("rebinding the load port", 5, || {
+                        PubSink::bind(
                             &ctx,
                             &format!("tcp://*:{load_port}"),
                             Generation::Snapshot,
                             0,
                             1,
-                        ) {
-                            Ok(s) => break s,
-                            Err(e) if Instant::now() < deadline => {
-                                let _ = e;
-                                std::thread::sleep(Duration::from_millis(20));
-                            }
-                            Err(e) => panic!("rebinding the load port: {e}"),
-                        }
-                    };
+                        )
+                    });
                 }
                 if p.load(Ordering::Relaxed) {
                     let snap = LoadSnapshot {
@@ -187,8 +167,7 @@ async fn fake_worker(advertise: bool) -> FakeWorker {
 }
 
 async fn source_of(c: &reqwest::Client, r: &str, url: &str) -> (String, Value) {
-    let ws = workers(c, r).await;
-    let w = ws.into_iter().find(|w| w["url"] == url).unwrap();
+    let w = worker_json(c, r, url).await;
     (w["source"].as_str().unwrap().to_string(), w)
 }
 
@@ -276,20 +255,11 @@ async fn a_worker_without_a_range_is_routed_on_inflight_with_its_reason() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let m = c
-        .get(format!("{}/metrics", r.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        m.contains(&format!(
-            "loadlink_worker_engine_priced{{worker=\"{}\"}} 0",
-            fw.url
-        )),
-        "{m}"
+    let m = scrape(&c, &r.url()).await;
+    assert_eq!(
+        m.value("loadlink_worker_engine_priced", &[("worker", &fw.url)]),
+        Some(0.0),
+        "{m:?}"
     );
     r.stop().await;
 }

@@ -1,0 +1,29 @@
+//! Dev-only test kit for loadlink's integration tests, in the manner of `tower-test`.
+//!
+//! Every crate's `tests/` used to carry its own copy of the same helpers (bounded waits, engine
+//! starters, the KV-events JSON, SUB sockets that beat the slow-joiner problem, `/metrics`
+//! prefix matchers). They drifted apart; this crate is the one copy. Crates list it under
+//! `[dev-dependencies]`; cargo allows the cycle (`loadlink-engine` dev-depends on the kit, the kit
+//! depends on `loadlink-engine`) for integration tests, which link the crate as a normal library.
+//! Unit tests inside `src/` cannot use it: they would see a second, distinct copy of their crate.
+//!
+//! * [`wait`]: bounded polling of a condition, async and blocking.
+//! * [`kv`]: the SGLang `--kv-events-config` JSON and the `/server_info` descriptor a worker shows.
+//! * [`engine`] / [`router`]: in-process starters on free ports, and router-side readers.
+//! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
+//! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
+//!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
+
+pub mod engine;
+pub mod kv;
+pub mod metrics;
+pub mod router;
+pub mod sub;
+pub mod wait;
+
+pub use engine::{engine, publishing_engine};
+pub use kv::KvEvents;
+pub use metrics::scrape;
+pub use router::{http_worker, router, worker_json, workers};
+pub use sub::{drain_snapshots, first_message, joined_sub, publish_until_received, sub};
+pub use wait::{wait_for, wait_for_sync, wait_until, wait_until_sync};

@@ -1,0 +1,72 @@
+//! Routers and fake workers for tests: a router on a free port, an HTTP worker that answers
+//! completions and advertises (or not) a load socket the test feeds itself, and readers of the
+//! router's `/workers` admin view.
+
+use crate::kv::advertised;
+use axum::routing::{get, post};
+use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
+use serde_json::{Value, json};
+
+/// Starts a router (power-of-two on `signal`) on a free port; `tweak` adjusts the config.
+pub async fn router(
+    urls: Vec<String>,
+    signal: LoadSignal,
+    tweak: impl FnOnce(&mut RouterConfig),
+) -> RouterHandle {
+    let mut cfg = RouterConfig {
+        port: 0,
+        worker_urls: urls,
+        policy: Policy::PowerOfTwo,
+        load_signal: signal,
+        ..Default::default()
+    };
+    tweak(&mut cfg);
+    loadlink_router::start(cfg).await.expect("router starts")
+}
+
+/// An HTTP worker that always answers completions and advertises a load socket at `load_port`
+/// (which the test feeds itself), or no load range when `None`. Returns its URL.
+pub async fn http_worker(load_port: Option<u16>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let url = format!("http://{}", listener.local_addr().expect("bound address"));
+    let info = json!({ "dp_size": 1, "kv_events": load_port.map(advertised) });
+    let app = axum::Router::new()
+        .route(
+            "/server_info",
+            get(move || {
+                let info = info.clone();
+                async move { axum::Json(info) }
+            }),
+        )
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/completions",
+            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// The router's `/workers` list.
+pub async fn workers(c: &reqwest::Client, router_url: &str) -> Vec<Value> {
+    let v: Value = c
+        .get(format!("{router_url}/workers"))
+        .send()
+        .await
+        .expect("GET /workers")
+        .json()
+        .await
+        .expect("/workers is JSON");
+    v["workers"].as_array().expect("a workers array").clone()
+}
+
+/// One worker's entry in `/workers`.
+pub async fn worker_json(c: &reqwest::Client, router_url: &str, worker_url: &str) -> Value {
+    workers(c, router_url)
+        .await
+        .into_iter()
+        .find(|w| w["url"] == worker_url)
+        .unwrap_or_else(|| panic!("{worker_url} not in /workers"))
+}
