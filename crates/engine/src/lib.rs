@@ -7,6 +7,7 @@ pub mod http;
 pub mod model;
 pub mod radix;
 pub mod rank;
+pub mod tokenize;
 
 pub use http::{Engine, EngineConfig, EngineError};
 pub use model::{ModelConfig, Timing};
