@@ -8,8 +8,9 @@
 //! its KV at once.
 
 use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
+use crate::cycle::PublishPoint;
 use crate::model::{Event, ModelConfig, Submit};
-use crate::rank::{Command, PublishPoint, RankHandle, spawn, wall_now};
+use crate::rank::{Command, RankHandle, spawn, wall_now};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
