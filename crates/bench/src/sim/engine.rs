@@ -133,3 +133,163 @@ impl SimEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Both drivers of the scheduler model over one scripted sequence: the live rank's
+    //! [`RankLoop`] and the simulator's [`SimEngine`] must publish the same snapshots at the same
+    //! points. Each publishes through a real `Publisher` into a `MemorySink`; with a cadence above 1,
+    //! a driver that counted decode steps or forced on its own would publish a different sequence.
+
+    use super::*;
+    use loadlink_engine::model::Step;
+    use loadlink_engine::rank::{Command, RankLoop};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Copy)]
+    enum Op {
+        /// Requests arriving now (at an idle engine, one starts its cycle at once).
+        Arrive(u64),
+        /// The running step ends (the engine takes in what arrived and schedules the next);
+        /// nothing when the engine is idle, so a run of these drains the engine.
+        Finish,
+        /// An idle heartbeat.
+        Tick,
+    }
+
+    /// A request arrives at an idle rank; two more arrive during its decode; then the rank runs
+    /// everything to the end and ticks while idle.
+    fn script() -> Vec<Op> {
+        let mut ops = vec![Op::Tick, Op::Arrive(1), Op::Finish, Op::Arrive(2)];
+        ops.extend([Op::Finish; 40]);
+        ops.extend([Op::Tick, Op::Tick, Op::Arrive(1), Op::Finish, Op::Arrive(1)]);
+        ops.extend([Op::Finish; 40]);
+        ops.push(Op::Tick);
+        ops
+    }
+
+    fn model() -> ModelConfig {
+        ModelConfig {
+            chunked_prefill_size: 256,
+            ..ModelConfig::default()
+        }
+    }
+
+    fn submit(id: u64) -> Submit {
+        Submit {
+            id,
+            prompt_tokens: 300 + 50 * id,
+            max_new_tokens: 3 + id,
+        }
+    }
+
+    /// What a router would see: (after which op, seq, running, waiting, used tokens).
+    type Seen = Vec<(usize, i64, i64, i64, i64)>;
+
+    fn record(seen: &mut Seen, op: usize, sent: impl Iterator<Item = Sent>) {
+        seen.extend(sent.map(|s| {
+            let n = &s.snapshot;
+            (
+                op,
+                s.seq,
+                n.num_running_reqs,
+                n.num_waiting_reqs,
+                n.num_used_tokens,
+            )
+        }));
+    }
+
+    fn simulated(point: PublishPoint, every: u32) -> Seen {
+        let mut e = SimEngine::new(0, model(), point, every);
+        let (mut t, mut next_id, mut running) = (0.0, 0, None);
+        let mut seen = Seen::new();
+        for (i, op) in script().into_iter().enumerate() {
+            match op {
+                Op::Arrive(n) => {
+                    for _ in 0..n {
+                        next_id += 1;
+                        running = e.arrive(submit(next_id), t).or(running);
+                    }
+                }
+                Op::Finish => {
+                    if let Some(d) = running {
+                        t += d;
+                        running = e.step_done(t).1;
+                    }
+                }
+                Op::Tick => e.heartbeat(t),
+            }
+            record(&mut seen, i, e.take_sent());
+        }
+        seen
+    }
+
+    /// One rank turn; the step it started, unless idle.
+    fn turn<S: LoadSource>(rank: &mut RankLoop<S>, commands: Vec<Command>) -> Option<Step> {
+        let step = rank.begin(commands).expect("not stopped");
+        (step.kind != StepKind::Idle).then_some(step)
+    }
+
+    fn live(point: PublishPoint, every: u32) -> Seen {
+        let sched = Arc::new(Mutex::new(Scheduler::new(model())));
+        let source_sched = sched.clone();
+        let source = move || Ok(source_sched.lock().unwrap().snapshot(0, 0.0));
+        let (sink, sent) = MemorySink::new(sink_interval(every));
+        let publisher = Publisher::new(source, vec![Box::new(sink)]);
+        let clock = Arc::new(AtomicU64::new(0f64.to_bits()));
+        let now = clock.clone();
+        let mut rank = RankLoop::new(sched, publisher, point, move || {
+            f64::from_bits(now.load(Ordering::Relaxed))
+        });
+        let (reply, _events) = tokio::sync::mpsc::unbounded_channel();
+        let (mut next_id, mut queued, mut running) = (0, Vec::new(), None);
+        let mut seen = Seen::new();
+        for (i, op) in script().into_iter().enumerate() {
+            match op {
+                Op::Arrive(n) => {
+                    for _ in 0..n {
+                        next_id += 1;
+                        queued.push(Command::Submit(submit(next_id), reply.clone()));
+                    }
+                    if running.is_none() {
+                        running = turn(&mut rank, std::mem::take(&mut queued));
+                    }
+                }
+                Op::Finish => {
+                    let Some(step) = running.take() else {
+                        continue;
+                    };
+                    let t = f64::from_bits(clock.load(Ordering::Relaxed)) + step.duration;
+                    clock.store(t.to_bits(), Ordering::Relaxed);
+                    rank.end(&step);
+                    running = turn(&mut rank, std::mem::take(&mut queued));
+                }
+                Op::Tick => assert!(turn(&mut rank, Vec::new()).is_none(), "idle"),
+            }
+            record(&mut seen, i, sent.try_iter());
+        }
+        seen
+    }
+
+    #[test]
+    fn the_rank_driver_and_the_simulator_publish_the_same_snapshots_at_the_same_points() {
+        for point in PublishPoint::ALL {
+            for every in [1, 3] {
+                let (sim, rank) = (simulated(point, every), live(point, every));
+                assert!(sim.len() > 10, "{point:?}/{every}: the script publishes");
+                assert_eq!(sim, rank, "{point:?}, publish every {every}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cadence_above_one_skips_decode_publishes() {
+        for point in PublishPoint::ALL {
+            assert!(
+                simulated(point, 3).len() < simulated(point, 1).len(),
+                "{point:?}"
+            );
+        }
+    }
+}
