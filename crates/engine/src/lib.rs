@@ -5,9 +5,13 @@
 
 pub mod api;
 pub mod cycle;
+mod dispatch;
 pub mod http;
+mod metrics;
 pub mod model;
 pub mod rank;
+mod reply;
+mod routes;
 
 pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
 pub use http::{Engine, EngineConfig, EngineError};
