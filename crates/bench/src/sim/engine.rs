@@ -149,8 +149,8 @@ mod tests {
 
     #[derive(Clone, Copy)]
     enum Op {
-        /// Requests arriving now (at an idle engine, one starts its cycle at once).
-        Arrive(u64),
+        /// Requests (by id) arriving now; at an idle engine, one starts its cycle at once.
+        Arrive(&'static [u64]),
         /// The running step ends (the engine takes in what arrived and schedules the next);
         /// nothing when the engine is idle, so a run of these drains the engine.
         Finish,
@@ -161,9 +161,15 @@ mod tests {
     /// A request arrives at an idle rank; two more arrive during its decode; then the rank runs
     /// everything to the end and ticks while idle.
     fn script() -> Vec<Op> {
-        let mut ops = vec![Op::Tick, Op::Arrive(1), Op::Finish, Op::Arrive(2)];
+        let mut ops = vec![Op::Tick, Op::Arrive(&[1]), Op::Finish, Op::Arrive(&[2, 3])];
         ops.extend([Op::Finish; 40]);
-        ops.extend([Op::Tick, Op::Tick, Op::Arrive(1), Op::Finish, Op::Arrive(1)]);
+        ops.extend([
+            Op::Tick,
+            Op::Tick,
+            Op::Arrive(&[4]),
+            Op::Finish,
+            Op::Arrive(&[5]),
+        ]);
         ops.extend([Op::Finish; 40]);
         ops.push(Op::Tick);
         ops
@@ -202,14 +208,13 @@ mod tests {
 
     fn simulated(point: PublishPoint, every: u32) -> Seen {
         let mut e = SimEngine::new(0, model(), point, every);
-        let (mut t, mut next_id, mut running) = (0.0, 0, None);
+        let (mut t, mut running) = (0.0, None);
         let mut seen = Seen::new();
         for (i, op) in script().into_iter().enumerate() {
             match op {
-                Op::Arrive(n) => {
-                    for _ in 0..n {
-                        next_id += 1;
-                        running = e.arrive(submit(next_id), t).or(running);
+                Op::Arrive(ids) => {
+                    for &id in ids {
+                        running = e.arrive(submit(id), t).or(running);
                     }
                 }
                 Op::Finish => {
@@ -243,15 +248,13 @@ mod tests {
             f64::from_bits(now.load(Ordering::Relaxed))
         });
         let (reply, _events) = tokio::sync::mpsc::unbounded_channel();
-        let (mut next_id, mut queued, mut running) = (0, Vec::new(), None);
+        let (mut queued, mut running) = (Vec::new(), None);
         let mut seen = Seen::new();
         for (i, op) in script().into_iter().enumerate() {
             match op {
-                Op::Arrive(n) => {
-                    for _ in 0..n {
-                        next_id += 1;
-                        queued.push(Command::Submit(submit(next_id), reply.clone()));
-                    }
+                Op::Arrive(ids) => {
+                    let submits = ids.iter().map(|&id| submit(id));
+                    queued.extend(submits.map(|s| Command::Submit(s, reply.clone())));
                     if running.is_none() {
                         running = turn(&mut rank, std::mem::take(&mut queued));
                     }
