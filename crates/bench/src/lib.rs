@@ -1,7 +1,13 @@
-//! `loadlink-bench`: seeded workloads ([`workload`]), the discrete-event experiment ([`sim`]) and
-//! the named scenarios and reports ([`scenario`], [`report`]). The simulator drives the production
-//! scheduler model, LoadBook and policies — it forks none of them.
+//! `loadlink-bench`: seeded workloads ([`workload`]), the discrete-event experiment ([`sim`]), the
+//! live experiment on real processes ([`live`]), the in-process demo ([`demo`]) and the named
+//! scenarios and reports ([`scenario`], [`report`]).
+//!
+//! The simulator drives the production scheduler model, the production publish cycle and
+//! `Publisher`, the LoadBook entries and the policies in virtual time; it forks none of them. It
+//! owns only what moves time and messages between them (arrivals, step ends, heartbeats, delivery
+//! delays).
 
+pub mod demo;
 pub mod live;
 pub mod report;
 pub mod scenario;

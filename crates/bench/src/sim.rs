@@ -4,15 +4,19 @@
 //! time and messages between them:
 //!
 //! * each engine steps its scheduler; a step's events happen at the step's end;
-//! * an engine publishes once per cycle at its [`PublishPoint`] (as `loadlink engine` does): after
-//!   every prefill step, every `publish_every`-th decode step, when requests arrived, when it goes
-//!   idle, and every 100 ms while idle; each router replica receives it `net_delay_s` later;
+//! * an engine ([`engine`]) reports its cycle to the production `PublishCycle` and publishes through
+//!   the real `Publisher` (an in-memory sink, due every `publish_every` cycles unless forced), so
+//!   it publishes exactly when `loadlink engine` would; idle engines heartbeat every
+//!   `IDLE_PUBLISH_FLOOR`; each router replica receives a snapshot `net_delay_s` later;
 //! * routed requests are picked by the router replica they arrive at (round-robin over replicas),
 //!   which holds an in-flight guard until the request finishes; direct requests skip routers.
 
+mod engine;
+
 use crate::workload::Arrival;
-use loadlink_engine::PublishPoint;
+use engine::SimEngine;
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
+use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
@@ -41,7 +45,7 @@ pub struct SimConfig {
     pub freshness_ms: u64,
     /// Publish → router delivery delay.
     pub net_delay_s: f64,
-    /// Publish after every Nth decode step (prefill steps always publish).
+    /// The engines' `--load-snapshot-publish-interval`: publish every Nth cycle unless forced.
     pub publish_every: u32,
     /// Where in the engine's cycle it publishes (as `loadlink engine --publish-point`).
     pub publish_point: PublishPoint,
@@ -115,19 +119,6 @@ impl Ord for Item {
     }
 }
 
-struct EngineState {
-    sched: Scheduler,
-    busy: bool,
-    /// Requests that arrived during the running step (taken in at its end).
-    arrived: bool,
-    /// Under [`PublishPoint::BatchEnd`], those requests: not taken in before the publish.
-    inbox: Vec<Submit>,
-    pending: Vec<Event>,
-    kind: StepKind,
-    seq: i64,
-    decode_steps: u64,
-}
-
 struct Req {
     arrived: f64,
     engine: usize,
@@ -141,7 +132,7 @@ struct Sim<'a> {
     arrivals: &'a [Arrival],
     heap: BinaryHeap<Item>,
     order: u64,
-    engines: Vec<EngineState>,
+    engines: Vec<SimEngine>,
     books: Vec<Vec<Arc<Worker>>>,
     reqs: Vec<Req>,
     out: Outcome,
@@ -163,36 +154,30 @@ impl Sim<'_> {
         });
     }
 
-    fn publish(&mut self, e: usize, t: f64) {
-        let snap = self.engines[e].sched.snapshot(e as u32, t);
-        let seq = self.engines[e].seq;
-        self.engines[e].seq += 1;
-        for r in 0..self.cfg.routers {
-            self.push(
-                t + self.cfg.net_delay_s,
-                Ev::Deliver {
-                    router: r,
-                    engine: e,
-                    seq,
-                    snap: Box::new(snap.clone()),
-                },
-            );
+    /// Sends what engine `e` published to every router replica, `net_delay_s` later.
+    fn deliver_sent(&mut self, e: usize, t: f64) {
+        let sent: Vec<_> = self.engines[e].take_sent().collect();
+        for s in sent {
+            for r in 0..self.cfg.routers {
+                self.push(
+                    t + self.cfg.net_delay_s,
+                    Ev::Deliver {
+                        router: r,
+                        engine: e,
+                        seq: s.seq,
+                        snap: Box::new(s.snapshot.clone()),
+                    },
+                );
+            }
         }
     }
 
-    fn start_step(&mut self, e: usize, t: f64) {
-        if self.engines[e].busy {
-            return;
+    /// Engine `e`'s cycle moved at `t`: deliver what it published, and time a step it started.
+    fn advance(&mut self, e: usize, t: f64, started: Option<f64>) {
+        self.deliver_sent(e, t);
+        if let Some(duration) = started {
+            self.push(t + duration, Ev::StepDone(e));
         }
-        let step = self.engines[e].sched.step(t);
-        if step.kind == StepKind::Idle {
-            return;
-        }
-        let eng = &mut self.engines[e];
-        eng.busy = true;
-        eng.kind = step.kind;
-        eng.pending = step.events;
-        self.push(t + step.duration, Ev::StepDone(e));
     }
 
     fn run(&mut self) {
@@ -211,7 +196,7 @@ impl Sim<'_> {
             match ev {
                 Ev::Arrive(i) => self.arrive(i, t),
                 Ev::StepDone(e) => {
-                    let events = std::mem::take(&mut self.engines[e].pending);
+                    let (events, started) = self.engines[e].step_done(t);
                     for ev in events {
                         match ev {
                             Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
@@ -226,33 +211,7 @@ impl Sim<'_> {
                             Event::Token { .. } => {}
                         }
                     }
-                    let point = self.cfg.publish_point;
-                    let eng = &mut self.engines[e];
-                    eng.busy = false;
-                    let due = std::mem::take(&mut eng.arrived)
-                        || match eng.kind {
-                            StepKind::Decode => {
-                                eng.decode_steps += 1;
-                                eng.decode_steps
-                                    .is_multiple_of(self.cfg.publish_every.max(1) as u64)
-                            }
-                            _ => true,
-                        };
-                    if due && point != PublishPoint::Scheduled {
-                        self.publish(e, t);
-                    }
-                    for s in std::mem::take(&mut self.engines[e].inbox) {
-                        self.engines[e].sched.submit(s);
-                    }
-                    self.start_step(e, t);
-                    let eng = &self.engines[e];
-                    if !eng.busy {
-                        self.publish(e, t); // went idle: say so at once
-                    } else if point == PublishPoint::Scheduled
-                        && (due || eng.kind == StepKind::Prefill)
-                    {
-                        self.publish(e, t);
-                    }
+                    self.advance(e, t, started);
                 }
                 Ev::Deliver {
                     router,
@@ -263,18 +222,17 @@ impl Sim<'_> {
                     self.books[router][engine].record_at(0, seq, &snap, ms(t));
                 }
                 Ev::Heartbeat(e) => {
-                    if !self.engines[e].busy {
-                        self.publish(e, t);
-                    }
+                    self.engines[e].heartbeat(t);
+                    self.deliver_sent(e, t);
                     if remaining > 0 {
-                        self.push(t + 0.1, Ev::Heartbeat(e));
+                        self.push(t + IDLE_PUBLISH_FLOOR.as_secs_f64(), Ev::Heartbeat(e));
                     }
                 }
                 Ev::Sample => {
                     let w: Vec<f64> = self
                         .engines
                         .iter()
-                        .map(|e| (e.sched.num_waiting() + e.inbox.len()) as f64)
+                        .map(|e| e.num_waiting() as f64)
                         .collect();
                     let m = w.iter().sum::<f64>() / w.len() as f64;
                     if m > 0.0 {
@@ -329,27 +287,8 @@ impl Sim<'_> {
             prompt_tokens: a.prompt_tokens,
             max_new_tokens: a.output_tokens,
         };
-        let point = self.cfg.publish_point;
-        let eng = &mut self.engines[engine];
-        if eng.busy {
-            // Taken in when the running step ends.
-            eng.arrived = true;
-            if point == PublishPoint::BatchEnd {
-                eng.inbox.push(submit);
-            } else {
-                eng.sched.submit(submit);
-            }
-            return;
-        }
-        // An idle engine's cycle starts now.
-        eng.sched.submit(submit);
-        if point == PublishPoint::Ingest {
-            self.publish(engine, t);
-        }
-        self.start_step(engine, t);
-        if point == PublishPoint::Scheduled {
-            self.publish(engine, t);
-        }
+        let started = self.engines[engine].arrive(submit, t);
+        self.advance(engine, t, started);
     }
 }
 
@@ -371,16 +310,8 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
         engines: cfg
             .engines
             .iter()
-            .map(|m| EngineState {
-                sched: Scheduler::new(*m),
-                busy: false,
-                arrived: false,
-                inbox: Vec::new(),
-                pending: Vec::new(),
-                kind: StepKind::Idle,
-                seq: 0,
-                decode_steps: 0,
-            })
+            .enumerate()
+            .map(|(e, m)| SimEngine::new(e as u32, *m, cfg.publish_point, cfg.publish_every))
             .collect(),
         books,
         reqs: arrivals

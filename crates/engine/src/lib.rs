@@ -1,14 +1,20 @@
 //! `loadlink-engine`: a simulated SGLang-compatible engine. The pure [`model::Scheduler`] runs on
-//! an injected clock; [`rank`] drives it in real time and publishes through `loadlink-publish`;
+//! an injected clock; [`cycle`] decides when a rank publishes (shared with the simulator in
+//! `loadlink-bench`); [`rank`] drives it in real time and publishes through `loadlink-publish`;
 //! [`http`] serves SGLang's HTTP surface; [`api`] parses request bodies.
 
 pub mod api;
+pub mod cycle;
+mod dispatch;
 pub mod http;
+mod metrics;
 pub mod model;
 pub mod radix;
 pub mod rank;
+mod reply;
+mod routes;
 pub mod tokenize;
 
+pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
 pub use http::{Engine, EngineConfig, EngineError};
 pub use model::{ModelConfig, Timing};
-pub use rank::PublishPoint;

@@ -1,69 +1,24 @@
 //! The real-time driver of one DP rank: a thread that owns the rank's `Scheduler` and `Publisher`.
 //!
-//! Each loop iteration (one scheduler cycle) takes new commands, publishes, runs one scheduler
-//! step, sleeps the step's duration divided by `time_scale`, then delivers the step's events to the
-//! waiting HTTP handlers.
+//! Each loop iteration (one scheduler cycle) takes new commands, runs one scheduler step, sleeps
+//! the step's duration divided by `time_scale`, then delivers the step's events to the waiting HTTP
+//! handlers. An idle rank blocks on the command channel for up to [`IDLE_PUBLISH_FLOOR`], so it
+//! publishes a heartbeat instead of spinning.
 //!
-//! Where in the cycle the snapshot is collected is a [`PublishPoint`]. The default,
-//! [`PublishPoint::Ingest`], collects it **after** the new requests are taken in and before the next
-//! batch is scheduled, so it shows the work the coming step starts from. The two points SGLang
-//! 0.5.23 uses are available for comparison; `docs/engine.md` measures all three. Cadence: forced
-//! after a prefill step, when new requests arrived and when the rank goes idle; after decode steps
-//! every Nth (the publisher's interval). An idle rank blocks on the command channel for up to
-//! [`IDLE_PUBLISH_FLOOR`], so it publishes a heartbeat instead of spinning.
+//! The driver does not decide when to publish: it reports each part of the cycle to the shared
+//! [`PublishCycle`] (the simulator in `loadlink-bench` does the same) and passes the answer to its
+//! `Publisher`. The cycle itself ([`RankLoop`]) is separate from the thread, so a test can drive it
+//! turn by turn.
 
-use crate::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
-use loadlink_publish::{Publisher, Sink, SinkStats};
+use crate::cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, PublishCycle, PublishPoint};
+use crate::model::{Event, ModelConfig, Scheduler, Step, StepKind, Submit};
+use loadlink_publish::{LoadSource, Publisher, Sink, SinkStats};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedSender;
-
-/// An idle rank wakes (and force-publishes) at most this often.
-pub const IDLE_PUBLISH_FLOOR: Duration = Duration::from_millis(100);
-
-/// Where in the scheduler cycle (take in requests → schedule the next batch → run it) a rank
-/// collects and publishes its snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PublishPoint {
-    /// After new requests are taken in, before the next batch is scheduled: requests about to be
-    /// prefilled still count as waiting, with their uncached tokens. loadlink's choice.
-    #[default]
-    Ingest,
-    /// After the next batch is scheduled, before it runs: SGLang 0.5.23's overlap loop (its
-    /// default). The prefill about to run has left the waiting queue.
-    Scheduled,
-    /// After the batch ran, before new requests are read: SGLang 0.5.23's normal loop. Requests
-    /// that arrived during the step stay hidden until the next one.
-    BatchEnd,
-}
-
-impl PublishPoint {
-    pub const ALL: [PublishPoint; 3] = [
-        PublishPoint::Ingest,
-        PublishPoint::Scheduled,
-        PublishPoint::BatchEnd,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PublishPoint::Ingest => "ingest",
-            PublishPoint::Scheduled => "scheduled",
-            PublishPoint::BatchEnd => "batch-end",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown publish point {s:?}; expected ingest, scheduled or batch-end")
-            })
-    }
-}
 
 /// What a rank thread accepts.
 pub enum Command {
@@ -122,9 +77,10 @@ pub fn spawn(
     let sink_stats = publisher.stats();
     let steps = Arc::new(AtomicU64::new(0));
     let steps2 = steps.clone();
+    let turns = RankLoop::new(scheduler, publisher, point, virtual_now);
     let thread = std::thread::Builder::new()
         .name(format!("rank-{rank}"))
-        .spawn(move || run(rx, scheduler, publisher, point, scale, virtual_now, steps2))
+        .spawn(move || run(rx, turns, scale, steps2))
         .expect("spawning a rank thread");
     RankHandle {
         rank,
@@ -135,21 +91,16 @@ pub fn spawn(
     }
 }
 
-fn run<S: loadlink_publish::LoadSource>(
+/// The rank thread: wait for commands (bounded while idle), one turn, sleep the step, deliver.
+fn run<S: LoadSource>(
     rx: Receiver<Command>,
-    sched: Arc<Mutex<Scheduler>>,
-    mut publisher: Publisher<S>,
-    point: PublishPoint,
+    mut turns: RankLoop<S>,
     scale: f64,
-    virtual_now: impl Fn() -> f64,
     steps: Arc<AtomicU64>,
 ) {
-    let mut clients: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
-    let mut idle = false;
-    let mut last_kind = StepKind::Idle;
     loop {
         // Idle: block for the next command (bounded, for the heartbeat). Busy: just drain.
-        let first = if idle {
+        let first = if turns.is_idle() {
             match rx.recv_timeout(IDLE_PUBLISH_FLOOR) {
                 Ok(c) => Some(c),
                 Err(RecvTimeoutError::Timeout) => None,
@@ -158,74 +109,107 @@ fn run<S: loadlink_publish::LoadSource>(
         } else {
             None
         };
-        let mut sched_guard = match sched.lock() {
-            Ok(g) => g,
-            Err(_) => return,
-        };
-        let mut arrived = false;
-        for cmd in first
+        let commands = first
             .into_iter()
-            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
-        {
-            match cmd {
-                Command::Submit(s, reply) => {
-                    clients.insert(s.id, reply);
-                    sched_guard.submit(s);
-                    arrived = true;
-                }
-                Command::Abort(id) => {
-                    sched_guard.abort(id);
-                    clients.remove(&id);
-                }
-                Command::Stop => {
-                    drop(sched_guard);
-                    publisher.close();
-                    return;
-                }
-            }
-        }
-        // The source locks the scheduler itself.
-        drop(sched_guard);
-        let due = idle || arrived || last_kind == StepKind::Prefill;
-        if point == PublishPoint::Ingest {
-            publisher.publish(due);
-        }
-        let step = match sched.lock() {
-            Ok(mut g) => g.step(virtual_now()),
-            Err(_) => return,
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()));
+        let Some(step) = turns.begin(commands) else {
+            return;
         };
         if step.kind == StepKind::Idle {
-            // Going idle is said at once, whatever the decode cadence skipped; after that, one
-            // heartbeat per idle wake-up (Ingest already sent it at the top of the cycle).
-            if point != PublishPoint::Ingest || last_kind != StepKind::Idle {
-                publisher.publish(true);
-            }
-            (idle, last_kind) = (true, StepKind::Idle);
             continue;
         }
-        if point == PublishPoint::Scheduled {
-            publisher.publish(due || step.kind == StepKind::Prefill);
-        }
-        (idle, last_kind) = (false, step.kind);
         steps.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(Duration::from_secs_f64(step.duration / scale));
+        turns.end(&step);
+    }
+}
+
+/// One rank's scheduler cycle without the thread and the sleeping: take in commands, schedule a
+/// step, and after it ran, deliver its events. Publishing happens where the [`PublishCycle`] says.
+pub struct RankLoop<S: LoadSource> {
+    sched: Arc<Mutex<Scheduler>>,
+    publisher: Publisher<S>,
+    cycle: PublishCycle,
+    clients: HashMap<u64, UnboundedSender<Event>>,
+    virtual_now: Box<dyn Fn() -> f64 + Send>,
+}
+
+impl<S: LoadSource> RankLoop<S> {
+    /// `publisher`'s source must read `sched` (it is collected with the lock released).
+    pub fn new(
+        sched: Arc<Mutex<Scheduler>>,
+        publisher: Publisher<S>,
+        point: PublishPoint,
+        virtual_now: impl Fn() -> f64 + Send + 'static,
+    ) -> Self {
+        RankLoop {
+            sched,
+            publisher,
+            cycle: PublishCycle::new(point),
+            clients: HashMap::new(),
+            virtual_now: Box::new(virtual_now),
+        }
+    }
+
+    /// Whether the last step was idle (the thread waits for work before the next turn).
+    pub fn is_idle(&self) -> bool {
+        self.cycle.is_idle()
+    }
+
+    fn on(&mut self, ev: CycleEvent) {
+        if let Some(force) = self.cycle.on(ev).force() {
+            self.publisher.publish(force);
+        }
+    }
+
+    /// Takes in `commands`, then schedules the next step. `None`: stop (the sinks are closed).
+    pub fn begin(&mut self, commands: impl IntoIterator<Item = Command>) -> Option<Step> {
+        let mut arrived = false;
+        {
+            let mut sched = self.sched.lock().ok()?;
+            for cmd in commands {
+                match cmd {
+                    Command::Submit(s, reply) => {
+                        self.clients.insert(s.id, reply);
+                        sched.submit(s);
+                        arrived = true;
+                    }
+                    Command::Abort(id) => {
+                        sched.abort(id);
+                        self.clients.remove(&id);
+                    }
+                    Command::Stop => {
+                        drop(sched);
+                        self.publisher.close();
+                        return None;
+                    }
+                }
+            }
+        } // The source locks the scheduler itself.
+        self.on(CycleEvent::Ingest { arrived });
+        let now = (self.virtual_now)();
+        let step = self.sched.lock().ok()?.step(now);
+        self.on(CycleEvent::Scheduled(step.kind));
+        Some(step)
+    }
+
+    /// The step ran: hands its events to the waiting handlers, then the batch-end publish point.
+    pub fn end(&mut self, step: &Step) {
         for e in &step.events {
             let id = match *e {
                 Event::FirstToken { id } | Event::Token { id } | Event::Finished { id, .. } => id,
             };
-            let gone = clients.get(&id).is_none_or(|c| c.send(*e).is_err());
+            let gone = self.clients.get(&id).is_none_or(|c| c.send(*e).is_err());
             if matches!(e, Event::Finished { .. }) || gone {
-                clients.remove(&id);
+                self.clients.remove(&id);
             }
             if gone && !matches!(e, Event::Finished { .. }) {
                 // The client left without its abort arriving yet: free the KV now.
-                if let Ok(mut s) = sched.lock() {
+                if let Ok(mut s) = self.sched.lock() {
                     s.abort(id);
                 }
             }
         }
-        if point == PublishPoint::BatchEnd {
-            publisher.publish(last_kind == StepKind::Prefill);
-        }
+        self.on(CycleEvent::BatchEnd);
     }
 }

@@ -37,6 +37,12 @@ pub struct EngineSettings {
 }
 
 impl EngineSettings {
+    /// Every sink's call interval: the decode cadence (`--load-snapshot-publish-interval`, at
+    /// least 1). The simulator gives its in-memory sink the same.
+    pub fn sink_interval(&self) -> u32 {
+        sink_interval(self.publish_interval)
+    }
+
     /// The parsed KV-events config; a malformed one is reported as the reason and treated as absent
     /// (by the binder and the advertisement alike).
     pub fn kv_config(&self) -> Result<Option<KvEventsConfig>, String> {
@@ -66,6 +72,11 @@ impl EngineSettings {
     }
 }
 
+/// The sink call interval for a `publish_interval` setting (0 means every call, as 1 does).
+pub fn sink_interval(publish_interval: u32) -> u32 {
+    publish_interval.max(1)
+}
+
 /// What the factory built for one rank.
 pub struct BuiltSinks {
     /// Internal sink first, then the router-facing one.
@@ -81,7 +92,7 @@ pub struct BuiltSinks {
 /// Builds `rank`'s sinks. Never fails as a whole: each part's failure is reported and isolated.
 pub fn build_sinks(ctx: &zmq::Context, settings: &EngineSettings, rank: u32) -> BuiltSinks {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
-    let interval = settings.publish_interval.max(1);
+    let interval = settings.sink_interval();
     let internal: Result<Option<Box<dyn Sink>>, String> = match &settings.internal {
         InternalSink::Shm(path) => u16::try_from(settings.dp_size)
             .map_err(|_| {

@@ -7,14 +7,16 @@
 pub mod factory;
 pub mod free_ports;
 pub mod kv_publisher;
+pub mod memory_sink;
 pub mod publisher;
 pub mod shm_sink;
 pub mod sink;
 pub mod zmq_sinks;
 
-pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks};
+pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks, sink_interval};
 pub use free_ports::free_port_block;
 pub use kv_publisher::{KvEventPublisher, KvPublisherConfig, KvPublisherStats};
+pub use memory_sink::{MemorySink, Sent};
 pub use publisher::{
     CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,
 };

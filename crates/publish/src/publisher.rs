@@ -171,6 +171,10 @@ impl<S: LoadSource> Publisher<S> {
         self.collect_failures.clone()
     }
 
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
     pub fn source_mut(&mut self) -> &mut S {
         &mut self.source
     }

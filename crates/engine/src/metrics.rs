@@ -1,0 +1,143 @@
+//! `GET /metrics`: SGLang's scheduler gauges per `dp_rank` (read from the SHM slots, as the
+//! dispatcher reads them), the engine's request counters and the publisher's per-sink outcomes,
+//! written through the one Prometheus writer (`loadlink_wire::prom`), one family at a time.
+
+use crate::http::AppState;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use loadlink_wire::LoadSnapshot;
+use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType, Number};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// The labels of SGLang's per-rank gauges.
+struct RankLabels<'a> {
+    dp_rank: i64,
+    model_name: &'a str,
+}
+
+impl LabelSet for RankLabels<'_> {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("dp_rank", self.dp_rank);
+        w.label("model_name", self.model_name);
+    }
+}
+
+/// The labels of `loadlink_publish_total`.
+struct PublishLabels {
+    rank: u32,
+    sink: &'static str,
+    outcome: &'static str,
+}
+
+impl LabelSet for PublishLabels {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("rank", self.rank);
+        w.label("sink", self.sink);
+        w.label("outcome", self.outcome);
+    }
+}
+
+type Gauge = (&'static str, &'static str, fn(&LoadSnapshot) -> f64);
+
+/// SGLang's gauge names, read from each rank's snapshot.
+const RANK_GAUGES: [Gauge; 8] = [
+    ("sglang:num_running_reqs", "Running requests", |s| {
+        s.num_running_reqs as f64
+    }),
+    ("sglang:num_queue_reqs", "Waiting requests", |s| {
+        s.num_waiting_reqs as f64
+    }),
+    ("sglang:num_used_tokens", "KV tokens in use", |s| {
+        s.num_used_tokens as f64
+    }),
+    (
+        "sglang:token_usage",
+        "KV pool usage (0-1)",
+        LoadSnapshot::token_usage,
+    ),
+    (
+        "sglang:gen_throughput",
+        "Generated tokens per second",
+        LoadSnapshot::gen_throughput,
+    ),
+    (
+        "sglang:cache_hit_rate",
+        "Prefix cache hit rate",
+        LoadSnapshot::cache_hit_rate,
+    ),
+    (
+        "sglang:utilization",
+        "Busy fraction",
+        LoadSnapshot::utilization,
+    ),
+    ("sglang:max_total_num_tokens", "KV pool size", |s| {
+        s.max_total_num_tokens as f64
+    }),
+];
+
+pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let snaps = st.dispatcher.snapshots();
+    let mut page = Exposition::new();
+    for (name, help, read) in RANK_GAUGES {
+        let mut family = page.family(name, MetricType::Gauge, help);
+        for s in &snaps {
+            let labels = RankLabels {
+                dp_rank: s.dp_rank,
+                model_name: &st.cfg.model_name,
+            };
+            family.sample(&labels, read(s));
+        }
+    }
+    let counters = [
+        (
+            "loadlink_engine_requests_total",
+            MetricType::Counter,
+            "Generation requests accepted",
+            Number::from(st.requests_total.load(Ordering::Relaxed)),
+        ),
+        (
+            "loadlink_engine_aborted_total",
+            MetricType::Counter,
+            "Requests aborted by client disconnect",
+            Number::from(st.aborted_total.load(Ordering::Relaxed)),
+        ),
+        (
+            "loadlink_engine_open_requests",
+            MetricType::Gauge,
+            "Requests accepted and not yet finished",
+            Number::from(st.open_requests.load(Ordering::Relaxed)),
+        ),
+    ];
+    for (name, ty, help, v) in counters {
+        page.single(name, ty, help, v);
+    }
+    let mut publish = page.family(
+        "loadlink_publish_total",
+        MetricType::Counter,
+        "Load publications per rank, sink and outcome",
+    );
+    for r in &st.ranks {
+        for (sink, s) in &r.sink_stats {
+            for (outcome, v) in [
+                ("published", &s.published),
+                ("dropped", &s.dropped),
+                ("skipped", &s.skipped),
+                ("failed", &s.failed),
+            ] {
+                let labels = PublishLabels {
+                    rank: r.rank,
+                    sink,
+                    outcome,
+                };
+                publish.sample(&labels, v.load(Ordering::Relaxed));
+            }
+        }
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        page.finish(),
+    )
+        .into_response()
+}

@@ -1,0 +1,170 @@
+//! The route handlers: generation (parse the body, pick a rank, submit, reply) and the read-only
+//! routes (`/v1/models`, `/server_info`, `/v1/loads`). `/metrics` is in [`crate::metrics`].
+
+use crate::api::{Route, parse_chat, parse_completions, parse_generate};
+use crate::http::AppState;
+use crate::model::Submit;
+use crate::rank::{Command, wall_now};
+use crate::reply::{AbortGuard, Reply, error, json_response, stream_response};
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use loadlink_wire::Generation;
+use loadlink_wire::loads::{Include, LoadsMeta, iso8601, render_json, render_prometheus};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::mpsc::unbounded_channel;
+
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
+    let too_big = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body exceeds --max-body-bytes ({limit} bytes)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_big());
+    }
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_big())
+}
+
+pub(crate) async fn generate(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+    route: Route,
+) -> Response {
+    let bytes = match read_body(&headers, body, st.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parsed = match route {
+        Route::Completions => parse_completions(&bytes),
+        Route::Chat => parse_chat(&bytes),
+        Route::Generate => parse_generate(&bytes),
+    };
+    let req = match parsed {
+        Ok(r) => r,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
+    };
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let rank = st.dispatcher.pick_rank();
+    let (tx, rx) = unbounded_channel();
+    let submit = Submit {
+        id,
+        prompt_tokens: req.prompt_tokens,
+        max_new_tokens: req.max_tokens.max(1),
+    };
+    let commands = st.ranks[rank].commands.clone();
+    if commands.send(Command::Submit(submit, tx)).is_err() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine is shutting down",
+        );
+    }
+    st.requests_total.fetch_add(1, Ordering::Relaxed);
+    st.open_requests.fetch_add(1, Ordering::Relaxed);
+    let guard = AbortGuard {
+        id,
+        commands,
+        finished: false,
+        aborted_total: st.aborted_total.clone(),
+        open: st.open_requests.clone(),
+    };
+    let reply = Reply {
+        id,
+        req,
+        model: st.cfg.model_name.clone(),
+        created: wall_now() as u64,
+        prompt_tokens: submit.prompt_tokens,
+    };
+    if reply.req.stream {
+        stream_response(reply, rx, guard)
+    } else {
+        json_response(reply, rx, guard).await
+    }
+}
+
+pub(crate) async fn models(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({ "object": "list", "data": [{ "id": st.cfg.model_name, "object": "model", "owned_by": "loadlink" }] })).into_response()
+}
+
+pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
+    let c = &st.cfg;
+    let kv = st.settings.advertise(c.page_size).map_or(Value::Null, |d| {
+        serde_json::to_value(d).unwrap_or(Value::Null)
+    });
+    axum::Json(json!({
+        "model_path": c.model_name,
+        "served_model_name": c.model_name,
+        "version": concat!("loadlink-", env!("CARGO_PKG_VERSION")),
+        "dp_size": c.dp_size,
+        "max_running_requests": c.model.max_running_requests,
+        "max_total_num_tokens": c.model.max_total_tokens,
+        "chunked_prefill_size": c.model.chunked_prefill_size,
+        "page_size": c.page_size,
+        "kv_events_config": c.kv_events_config,
+        "load_publish_endpoint": c.load_publish_endpoint,
+        "load_wire": match c.generation { Generation::Snapshot => "snapshot", Generation::LoadStat => "loadstat" },
+        "time_scale": c.time_scale,
+        "kv_events": kv,
+        // Why there is no load range, when there is none (null when publishing or quietly off).
+        "load_publish_decline_reason": st.settings.load_range().err().flatten(),
+    }))
+    .into_response()
+}
+
+pub(crate) async fn loads(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let include = match Include::parse(q.get("include").map(String::as_str)) {
+        Ok(i) => i,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let mut snaps = st.dispatcher.snapshots();
+    if let Some(r) = q.get("dp_rank") {
+        match r.parse::<i64>() {
+            Ok(r) if (0..st.cfg.dp_size as i64).contains(&r) => snaps.retain(|s| s.dp_rank == r),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "dp_rank: expected an integer in 0..{}, got {r:?}",
+                        st.cfg.dp_size
+                    ),
+                );
+            }
+        }
+    }
+    match q.get("format").map(String::as_str) {
+        None | Some("json") => {
+            let ts = iso8601(wall_now());
+            let meta = LoadsMeta {
+                timestamp: &ts,
+                version: env!("CARGO_PKG_VERSION"),
+                accelerator: "simulated",
+                num_accelerators: st.cfg.dp_size,
+            };
+            axum::Json(render_json(&meta, &snaps, include)).into_response()
+        }
+        Some("prometheus") => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            render_prometheus(&snaps, include),
+        )
+            .into_response(),
+        Some(f) => error(
+            StatusCode::BAD_REQUEST,
+            &format!("format: expected json or prometheus, got {f:?}"),
+        ),
+    }
+}
