@@ -245,6 +245,13 @@ impl<'a> FleetView<'a> {
             now_ms,
         }
     }
+
+    /// Leaves worker `i` out of the next picks of this request (it was tried and failed).
+    pub fn exclude(&mut self, i: usize) {
+        if i < 64 {
+            self.tried |= 1 << i;
+        }
+    }
 }
 
 impl View for FleetView<'_> {

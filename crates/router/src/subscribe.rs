@@ -91,7 +91,7 @@ fn run(worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>, stop: Arc<Atomic
                             tracing::info!(worker = %worker.url, rank, "load publisher restarted (seq went back to {})", m.seq);
                         }
                     }
-                    Err(e) => worker.drop_frame(e.reason()),
+                    Err(e) => worker.drop_frame(&e),
                 }
             }
         }
