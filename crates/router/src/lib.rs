@@ -18,6 +18,7 @@ pub mod proxy;
 pub mod server;
 pub mod state;
 pub mod subscribe;
+pub mod watch;
 
 pub use book::{InflightGuard, Load, LoadSignal, Source, Worker};
 pub use config::RouterConfig;
