@@ -11,7 +11,7 @@
 //! updates them without blocking it. Engine-reported numbers are clamped to
 //! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound.
 
-use loadlink_wire::LoadSnapshot;
+use loadlink_wire::{FrameError, LoadSnapshot};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -131,8 +131,8 @@ pub struct Worker {
     /// Circuit breaker: consecutive failures and the time (ms since epoch) it reopens for traffic.
     pub consecutive_failures: AtomicU64,
     pub open_until_ms: AtomicU64,
-    /// Frames dropped by the subscriber, by [`DROP_REASONS`].
-    pub dropped: [AtomicU64; 4],
+    /// Frames dropped by the subscriber, indexed by [`FrameError::index`].
+    pub dropped: [AtomicU64; FrameError::REASONS.len()],
     /// Σ over ranks, recomputed by the (single) subscriber thread on every message so a pick reads
     /// one cache line instead of walking the ranks: requests, tokens, oldest receive time (0 if a
     /// rank never reported), smallest dispatch mark.
@@ -143,9 +143,6 @@ pub struct Worker {
     agg_mark: AtomicU64,
     epoch: Instant,
 }
-
-/// Labels of `Worker::dropped` (the wire crate's `FrameError::reason`).
-pub const DROP_REASONS: [&str; 4] = ["frame_count", "seq_length", "end_marker", "payload"];
 
 impl Worker {
     pub fn new(
@@ -186,11 +183,9 @@ impl Worker {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
 
-    /// Counts a dropped frame by its reason label.
-    pub fn drop_frame(&self, reason: &str) {
-        if let Some(i) = DROP_REASONS.iter().position(|r| *r == reason) {
-            self.dropped[i].fetch_add(1, Relaxed);
-        }
+    /// Counts a dropped frame under its reason.
+    pub fn drop_frame(&self, why: &FrameError) {
+        self.dropped[why.index()].fetch_add(1, Relaxed);
     }
 
     pub fn inflight(&self) -> i64 {

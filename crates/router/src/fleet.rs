@@ -1,19 +1,21 @@
-//! The worker set: discovery from `/server_info`, one subscription per worker, add/remove at
-//! runtime. The request path reads the set through an `ArcSwap` (no lock); changes build a new
-//! list and swap it in.
+//! The worker set: discovery from `/server_info` (the fetch here, its meaning in
+//! `loadlink_wire::discovery`), one subscription per worker, add/remove at runtime. The request
+//! path reads the set through an `ArcSwap` (no lock); changes build a new list and swap it in.
 
 use crate::book::{LoadSignal, Worker};
 use crate::policy::View;
 use arc_swap::ArcSwap;
+use axum::body::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use loadlink_wire::descriptor::{LoadEndpoint, parse_server_info};
+use loadlink_wire::descriptor::LoadEndpoint;
+use loadlink_wire::discovery::{NoLoad, load_endpoints, worker_url};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub type HttpClient = Client<HttpConnector, Full<axum::body::Bytes>>;
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Builds the pooled upstream client (TCP_NODELAY: no Nagle stall on small SSE events).
 pub fn http_client() -> HttpClient {
@@ -30,45 +32,28 @@ pub fn http_client() -> HttpClient {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Discovery {
     pub endpoints: Vec<LoadEndpoint>,
-    /// Why the worker is priced on in-flight only (no range, no descriptor, discovery failed).
+    /// Why the worker is priced on in-flight only (no range — with the engine's own reason when it
+    /// gives one —, no descriptor, or discovery failed).
     pub no_load_reason: Option<String>,
 }
 
-/// Checks a worker URL: http(s)://HOST[:PORT] with no path beyond `/`.
-pub fn validate_url(url: &str) -> Result<String, String> {
-    let u = url.trim().trim_end_matches('/');
-    let rest = u
-        .strip_prefix("http://")
-        .or_else(|| u.strip_prefix("https://"))
-        .ok_or_else(|| {
-            format!("worker URL {url:?}: expected http://HOST:PORT or https://HOST:PORT")
-        })?;
-    if rest.is_empty()
-        || rest.starts_with(':')
-        || rest.contains('/')
-        || rest.contains(char::is_whitespace)
-    {
-        return Err(format!(
-            "worker URL {url:?}: expected a host (and optional port) and no path"
-        ));
-    }
-    Ok(u.to_string())
+/// Why `GET /server_info` gave no body to interpret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// A 4xx or an unusable URL: asking again will not help.
+    #[error("{0}; not retried")]
+    Final(String),
+    #[error("discovery failed after {attempts} attempts: {last}")]
+    GaveUp { attempts: u32, last: String },
 }
 
-/// The host part of a validated worker URL (brackets kept for IPv6).
-pub fn url_host(url: &str) -> &str {
-    let rest = url.split("://").nth(1).unwrap_or(url);
-    if rest.starts_with('[') {
-        return rest
-            .split(']')
-            .next()
-            .map_or(rest, |h| &rest[..h.len() + 1]);
-    }
-    rest.rsplit_once(':').map_or(rest, |(h, _)| h)
-}
-
-/// Reads `/server_info` with bounded retries and backoff; 4xx and bad JSON are not retried.
-pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
+/// Fetches `url`'s `/server_info` body with up to `attempts` tries and exponential backoff;
+/// 4xx answers are not retried.
+pub async fn fetch_server_info(
+    client: &HttpClient,
+    url: &str,
+    attempts: u32,
+) -> Result<Bytes, FetchError> {
     let mut delay = Duration::from_millis(100);
     let mut last = String::new();
     for attempt in 0..attempts.max(1) {
@@ -76,64 +61,68 @@ pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discover
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(2));
         }
-        let req = match hyper::Request::get(format!("{url}/server_info")).body(Full::default()) {
-            Ok(r) => r,
-            Err(e) => return failed(format!("bad worker URL: {e}")),
-        };
-        let resp = match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                last = format!("GET /server_info: {e}");
-                continue;
-            }
-            Err(_) => {
-                last = "GET /server_info: timed out after 5 s".into();
-                continue;
-            }
-        };
-        let status = resp.status();
-        let body = match http_body_util::BodyExt::collect(resp.into_body()).await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => {
-                last = format!("GET /server_info: reading the body: {e}");
-                continue;
-            }
-        };
-        if status.is_client_error() {
-            return failed(format!("GET /server_info answered {status}; not retried"));
+        match fetch_once(client, url).await {
+            Ok(body) => return Ok(body),
+            Err(Retry::No(why)) => return Err(FetchError::Final(why)),
+            Err(Retry::Yes(why)) => last = why,
         }
-        if !status.is_success() {
-            last = format!("GET /server_info answered {status}");
-            continue;
-        }
-        return match parse_server_info(&body) {
-            Err(e) => failed(format!("{e}; not retried")),
-            Ok(None) => {
-                failed("the worker advertises no kv_events publisher (kv_events is null)".into())
-            }
-            Ok(Some(d)) => {
-                let endpoints = d.load_endpoints(url_host(url));
-                let reason = endpoints.is_empty().then(|| {
-                    "the worker advertises no load_endpoint_port_base (it does not report load)"
-                        .to_string()
-                });
-                Discovery {
-                    endpoints,
-                    no_load_reason: reason,
-                }
-            }
-        };
     }
-    failed(format!(
-        "discovery failed after {attempts} attempts: {last}"
-    ))
+    Err(FetchError::GaveUp { attempts, last })
 }
 
-fn failed(reason: String) -> Discovery {
-    Discovery {
+/// Whether a failed fetch is worth another try, and what went wrong.
+enum Retry {
+    Yes(String),
+    No(String),
+}
+
+async fn fetch_once(client: &HttpClient, url: &str) -> Result<Bytes, Retry> {
+    let req = hyper::Request::get(format!("{url}/server_info"))
+        .body(Full::default())
+        .map_err(|e| Retry::No(format!("bad worker URL: {e}")))?;
+    let resp = match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(Retry::Yes(format!("GET /server_info: {e}"))),
+        Err(_) => return Err(Retry::Yes("GET /server_info: timed out after 5 s".into())),
+    };
+    let status = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .map_err(|e| Retry::Yes(format!("GET /server_info: reading the body: {e}")))?
+        .to_bytes();
+    if status.is_client_error() {
+        return Err(Retry::No(format!("GET /server_info answered {status}")));
+    }
+    if !status.is_success() {
+        return Err(Retry::Yes(format!("GET /server_info answered {status}")));
+    }
+    Ok(body)
+}
+
+/// Discovers `url`'s load sockets: fetches `/server_info` (bounded retries) and reads it with the
+/// protocol's one discovery function. A malformed body is not retried.
+pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
+    let no_load = |reason: String| Discovery {
         endpoints: Vec::new(),
         no_load_reason: Some(reason),
+    };
+    let body = match fetch_server_info(client, url, attempts).await {
+        Ok(b) => b,
+        Err(e) => return no_load(e.to_string()),
+    };
+    match load_endpoints(url, &body) {
+        Ok(endpoints) => Discovery {
+            endpoints,
+            no_load_reason: None,
+        },
+        Err(e @ NoLoad::Malformed(_)) => no_load(format!("{e}; not retried")),
+        Err(e) => no_load(e.to_string()),
     }
+}
+
+/// Checks a worker URL (see [`loadlink_wire::discovery::worker_url`]).
+pub fn validate_url(url: &str) -> Result<String, String> {
+    worker_url(url).map_err(|e| e.to_string())
 }
 
 /// The live worker set.
@@ -245,6 +234,13 @@ impl<'a> FleetView<'a> {
             now_ms,
         }
     }
+
+    /// Leaves worker `i` out of the next picks of this request (it was tried and failed).
+    pub fn exclude(&mut self, i: usize) {
+        if i < 64 {
+            self.tried |= 1 << i;
+        }
+    }
 }
 
 impl View for FleetView<'_> {
@@ -260,28 +256,5 @@ impl View for FleetView<'_> {
     #[inline]
     fn available(&self, i: usize) -> bool {
         (i >= 64 || self.tried & (1 << i) == 0) && self.workers[i].available_at(self.now_ms)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn worker_urls_are_checked() {
-        assert_eq!(
-            validate_url("http://10.0.0.1:30000/").unwrap(),
-            "http://10.0.0.1:30000"
-        );
-        assert!(
-            validate_url("ftp://x")
-                .unwrap_err()
-                .contains("expected http://")
-        );
-        assert!(validate_url("http://").is_err());
-        assert!(validate_url("http://h:1/v1").is_err());
-        assert_eq!(url_host("http://[::1]:30000"), "[::1]");
-        assert_eq!(url_host("http://node-3:30000"), "node-3");
-        assert_eq!(url_host("https://node-3"), "node-3");
     }
 }

@@ -2,15 +2,27 @@
 //! `/server_info` ([`fleet`]), subscribes per DP rank ([`subscribe`]), merges engine snapshots,
 //! dispatches and in-flight guards into one load per worker ([`book`]), picks with a pure
 //! [`policy`], and proxies OpenAI-compatible traffic with streaming pass-through ([`proxy`]).
-//! See `docs/router.md`.
+//!
+//! The HTTP front is split by concern: [`config`] (what it is started with), [`state`] (what the
+//! handlers share), [`metrics`] (`/metrics`), [`admin`] (`/workers`), [`dashboard`], and
+//! [`server`], which only wires routes and runs the process. See `docs/router.md`.
 
+pub mod admin;
 pub mod book;
+pub mod config;
+pub mod dashboard;
 pub mod fleet;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod server;
+pub mod state;
 pub mod subscribe;
+pub mod watch;
 
 pub use book::{InflightGuard, Load, LoadSignal, Source, Worker};
+pub use config::RouterConfig;
+pub use metrics::Metrics;
 pub use policy::{Policy, View};
-pub use server::{RouterConfig, RouterError, RouterHandle, start};
+pub use server::{RouterError, RouterHandle, start};
+pub use state::AppState;

@@ -6,11 +6,13 @@
 //! jitter, only before any byte reached the client; they also feed the worker's circuit breaker.
 //! Upstream sockets use TCP_NODELAY and responses are passed through frame by frame (no buffering).
 
-use crate::book::InflightGuard;
+use crate::book::{InflightGuard, Source, Worker};
 use crate::fleet::FleetView;
 use crate::policy::mix;
-use crate::server::{AppState, error_response};
+use crate::state::{AppState, error_response};
 use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -91,6 +93,88 @@ fn retryable(status: StatusCode) -> bool {
     )
 }
 
+/// The handler of every proxied route: reads the body within its size and time bounds, then
+/// [`forward`]s it.
+pub async fn proxied(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    match read_body(&st, &parts, body).await {
+        Ok(bytes) => forward(st, parts.method, parts.uri, parts.headers, bytes).await,
+        Err(refusal) => refusal,
+    }
+}
+
+/// The request body, or the 413/408 to answer instead.
+async fn read_body(st: &AppState, parts: &Parts, body: Body) -> Result<Bytes, Response> {
+    let limit = st.cfg.max_body_bytes;
+    let too_big = || {
+        error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body exceeds --max-body-bytes ({limit} bytes)"),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_big());
+    }
+    let read = axum::body::to_bytes(body, limit);
+    match tokio::time::timeout(Duration::from_millis(st.cfg.body_timeout_ms), read).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(too_big()),
+        Err(_) => Err(error_response(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body did not arrive within --body-timeout-ms ({} ms)",
+                st.cfg.body_timeout_ms
+            ),
+        )),
+    }
+}
+
+/// The request as each attempted worker receives it.
+struct Outgoing {
+    method: Method,
+    path_and_query: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Outgoing {
+    fn new(method: Method, uri: &Uri, headers: HeaderMap, body: Bytes) -> Self {
+        let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+        Outgoing {
+            method,
+            path_and_query,
+            headers,
+            body,
+        }
+    }
+
+    /// The upstream request to `worker_url`, with the forwarded headers only.
+    fn to(&self, worker_url: &str) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
+        let mut req = hyper::Request::builder()
+            .method(self.method.clone())
+            .uri(format!("{worker_url}{}", self.path_and_query));
+        for h in &FORWARDED_HEADERS {
+            if let Some(v) = self.headers.get(h) {
+                req = req.header(h, v);
+            }
+        }
+        req.body(Full::new(self.body.clone()))
+    }
+}
+
+/// How one attempt on one worker ended.
+enum Attempt {
+    /// An answer for the client (the worker's, or a refusal to forward at all).
+    Answered(Response),
+    /// A retryable failure, described for the log and the final 502.
+    Failed(String),
+}
+
 /// Forwards one request. `body` has already been read (and size-checked).
 pub async fn forward(
     st: Arc<AppState>,
@@ -107,101 +191,134 @@ pub async fn forward(
             "no workers configured; start with --worker-urls or add one with POST /workers",
         );
     }
-    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let out = Outgoing::new(method, &uri, headers, body);
     let cfg = &st.cfg;
     let mut view = FleetView::new(&workers, cfg.load_signal, cfg.freshness_ms);
+    let mut backoff = Backoff::new(cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms);
     let mut last_error = String::new();
-    let mut delay = Duration::from_millis(cfg.retry_initial_backoff_ms);
     for attempt in 0..=cfg.max_retries {
-        let seq = st.seq.fetch_add(1, Relaxed);
-        view.now_ms = workers[0].now_ms();
-        let Some(idx) = cfg.policy.pick(&view, seq) else {
+        let Some((seq, idx)) = pick(&st, &mut view, attempt) else {
             break;
         };
-        if attempt > 0 {
-            st.metrics.retries.fetch_add(1, Relaxed);
-        }
-        let worker = workers[idx].clone();
-        // Same `now` as the pick: no second clock read on the request path.
-        if worker
-            .load_at(cfg.load_signal, cfg.freshness_ms, view.now_ms)
-            .source
-            == crate::book::Source::Fallback
-        {
-            st.metrics.fallback_decisions.fetch_add(1, Relaxed);
-        }
-        st.metrics.decisions.fetch_add(1, Relaxed);
-        let guard = InflightGuard::new(worker.clone());
-        let mut req = hyper::Request::builder()
-            .method(method.clone())
-            .uri(format!("{}{path}", worker.url));
-        for h in &FORWARDED_HEADERS {
-            if let Some(v) = headers.get(h) {
-                req = req.header(h, v);
+        let worker = &workers[idx];
+        match try_worker(&st, worker, &out, started).await {
+            Attempt::Answered(resp) => return resp,
+            Attempt::Failed(failure) => {
+                worker.failed(cfg.breaker_threshold, cfg.breaker_cooldown_ms);
+                tracing::debug!("attempt {attempt} failed: {failure}");
+                last_error = failure;
+                view.exclude(idx);
             }
-        }
-        let req = match req.body(Full::new(body.clone())) {
-            Ok(r) => r,
-            Err(e) => {
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    &format!("cannot forward this request: {e}"),
-                );
-            }
-        };
-        let outcome = tokio::time::timeout(
-            Duration::from_millis(cfg.upstream_timeout_ms),
-            st.client.request(req),
-        )
-        .await;
-        let failure = match outcome {
-            Ok(Ok(resp)) if !retryable(resp.status()) => {
-                worker.succeeded();
-                st.metrics.observe_ttfb(started.elapsed());
-                let (parts, incoming) = resp.into_parts();
-                let sse = parts
-                    .headers
-                    .get(header::CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-                let mut out = Response::new(Body::new(GuardedBody {
-                    inner: incoming,
-                    guard: Some(guard),
-                    sse,
-                    finished: false,
-                }));
-                *out.status_mut() = parts.status;
-                for h in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
-                    if let Some(v) = parts.headers.get(&h) {
-                        out.headers_mut().insert(h, v.clone());
-                    }
-                }
-                if let Ok(v) = HeaderValue::from_str(&worker.url) {
-                    out.headers_mut().insert("x-loadlink-worker", v);
-                }
-                st.metrics.count_status(parts.status.as_u16());
-                return out;
-            }
-            Ok(Ok(resp)) => format!("{} answered {}", worker.url, resp.status()),
-            Ok(Err(e)) => format!("{}: {e}", worker.url),
-            Err(_) => format!(
-                "{}: no response headers within {} ms",
-                worker.url, cfg.upstream_timeout_ms
-            ),
-        };
-        drop(guard);
-        worker.failed(cfg.breaker_threshold, cfg.breaker_cooldown_ms);
-        tracing::debug!("attempt {attempt} failed: {failure}");
-        last_error = failure;
-        if idx < 64 {
-            view.tried |= 1 << idx;
         }
         if attempt < cfg.max_retries {
-            // Exponential backoff with full jitter derived from the request sequence.
-            let jitter = (mix(seq) % 1000) as f64 / 1000.0;
-            tokio::time::sleep(delay.mul_f64(0.5 + jitter / 2.0)).await;
-            delay = (delay * 2).min(Duration::from_millis(cfg.retry_max_backoff_ms));
+            backoff.wait(seq).await;
         }
     }
+    all_failed(&st, &last_error)
+}
+
+/// Picks a worker for this attempt and counts the decision. `None`: nobody is available.
+fn pick(st: &AppState, view: &mut FleetView<'_>, attempt: u32) -> Option<(u64, usize)> {
+    let cfg = &st.cfg;
+    let seq = st.seq.fetch_add(1, Relaxed);
+    view.now_ms = view.workers[0].now_ms();
+    let idx = cfg.policy.pick(&*view, seq)?;
+    if attempt > 0 {
+        st.metrics.retries.fetch_add(1, Relaxed);
+    }
+    // Same `now` as the pick: no second clock read on the request path.
+    let priced = view.workers[idx].load_at(cfg.load_signal, cfg.freshness_ms, view.now_ms);
+    if priced.source == Source::Fallback {
+        st.metrics.fallback_decisions.fetch_add(1, Relaxed);
+    }
+    st.metrics.decisions.fetch_add(1, Relaxed);
+    Some((seq, idx))
+}
+
+/// One attempt on `worker`, holding an in-flight guard from dispatch on.
+async fn try_worker(
+    st: &AppState,
+    worker: &Arc<Worker>,
+    out: &Outgoing,
+    started: Instant,
+) -> Attempt {
+    let guard = InflightGuard::new(worker.clone());
+    let req = match out.to(&worker.url) {
+        Ok(r) => r,
+        Err(e) => {
+            return Attempt::Answered(error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot forward this request: {e}"),
+            ));
+        }
+    };
+    let timeout = Duration::from_millis(st.cfg.upstream_timeout_ms);
+    match tokio::time::timeout(timeout, st.client.request(req)).await {
+        Ok(Ok(resp)) if !retryable(resp.status()) => {
+            worker.succeeded();
+            st.metrics.observe_ttfb(started.elapsed());
+            st.metrics.count_status(resp.status().as_u16());
+            Attempt::Answered(pass_through(resp, guard))
+        }
+        Ok(Ok(resp)) => Attempt::Failed(format!("{} answered {}", worker.url, resp.status())),
+        Ok(Err(e)) => Attempt::Failed(format!("{}: {e}", worker.url)),
+        Err(_) => Attempt::Failed(format!(
+            "{}: no response headers within {} ms",
+            worker.url, st.cfg.upstream_timeout_ms
+        )),
+    }
+}
+
+/// The client's response: the upstream status and content headers, and its body streamed through
+/// a [`GuardedBody`] that keeps `guard` until the body ends.
+fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGuard) -> Response {
+    let (parts, incoming) = resp.into_parts();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let worker_url = HeaderValue::from_str(&guard.worker().url).ok();
+    let mut out = Response::new(Body::new(GuardedBody {
+        inner: incoming,
+        guard: Some(guard),
+        sse,
+        finished: false,
+    }));
+    *out.status_mut() = parts.status;
+    for h in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(v) = parts.headers.get(&h) {
+            out.headers_mut().insert(h, v.clone());
+        }
+    }
+    if let Some(v) = worker_url {
+        out.headers_mut().insert("x-loadlink-worker", v);
+    }
+    out
+}
+
+/// Exponential backoff with jitter derived from the request sequence (no RNG on the request path).
+struct Backoff {
+    delay: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(initial_ms: u64, max_ms: u64) -> Self {
+        Backoff {
+            delay: Duration::from_millis(initial_ms),
+            max: Duration::from_millis(max_ms),
+        }
+    }
+
+    async fn wait(&mut self, seq: u64) {
+        let jitter = (mix(seq) % 1000) as f64 / 1000.0;
+        tokio::time::sleep(self.delay.mul_f64(0.5 + jitter / 2.0)).await;
+        self.delay = (self.delay * 2).min(self.max);
+    }
+}
+
+/// The 502 after every attempt failed (or none could be made).
+fn all_failed(st: &AppState, last_error: &str) -> Response {
     st.metrics.count_status(502);
     let msg = if last_error.is_empty() {
         "no worker is available (all unhealthy or their breakers are open)".to_string()

@@ -4,8 +4,9 @@
 //! (worker removed) and never touches the request path.
 
 use crate::book::{SeqEvent, Worker};
+use loadlink_wire::FrameError;
 use loadlink_wire::descriptor::LoadEndpoint;
-use loadlink_wire::frame::decode_frames;
+use loadlink_wire::frame::{Message, decode_frames};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -28,9 +29,11 @@ impl Drop for Subscription {
     }
 }
 
-fn open(ctx: &zmq::Context, ep: &LoadEndpoint) -> zmq::Result<zmq::Socket> {
+/// A SUB socket dialing `endpoint` for `topic` (empty: every topic), with the router's bounds:
+/// message size, reconnect backoff, keepalive, receive high-water mark, no linger.
+pub fn open(ctx: &zmq::Context, endpoint: &str, topic: &[u8]) -> zmq::Result<zmq::Socket> {
     let s = ctx.socket(zmq::SUB)?;
-    s.set_ipv6(ep.endpoint.contains('['))?;
+    s.set_ipv6(endpoint.contains('['))?;
     s.set_maxmsgsize(MAX_MSG_BYTES)?;
     s.set_reconnect_ivl(100)?;
     s.set_reconnect_ivl_max(5000)?;
@@ -38,9 +41,29 @@ fn open(ctx: &zmq::Context, ep: &LoadEndpoint) -> zmq::Result<zmq::Socket> {
     s.set_tcp_keepalive_idle(30)?;
     s.set_rcvhwm(1000)?;
     s.set_linger(0)?;
-    s.set_subscribe(ep.generation.topic())?;
-    s.connect(&ep.endpoint)?;
+    s.set_subscribe(topic)?;
+    s.connect(endpoint)?;
     Ok(s)
+}
+
+/// Waits up to `timeout_ms` for messages; says which of `sockets` are readable.
+pub fn wait_readable<'a>(
+    sockets: impl IntoIterator<Item = &'a zmq::Socket>,
+    timeout_ms: i64,
+) -> zmq::Result<Vec<bool>> {
+    let mut items: Vec<zmq::PollItem> = sockets
+        .into_iter()
+        .map(|s| s.as_poll_item(zmq::POLLIN))
+        .collect();
+    zmq::poll(&mut items, timeout_ms)?;
+    Ok(items.iter().map(zmq::PollItem::is_readable).collect())
+}
+
+/// Decodes every message queued on `socket`, oldest first, without blocking.
+pub fn drain(socket: &zmq::Socket, mut each: impl FnMut(Result<Message, FrameError>)) {
+    while let Ok(frames) = socket.recv_multipart(zmq::DONTWAIT) {
+        each(decode_frames(&frames));
+    }
 }
 
 /// Subscribes to every rank of `worker` (endpoint i ↔ rank `endpoints[i].rank`).
@@ -51,7 +74,12 @@ pub fn subscribe(
 ) -> zmq::Result<Subscription> {
     let sockets: Vec<(usize, zmq::Socket)> = endpoints
         .iter()
-        .map(|ep| Ok((ep.rank as usize, open(ctx, ep)?)))
+        .map(|ep| {
+            Ok((
+                ep.rank as usize,
+                open(ctx, &ep.endpoint, ep.generation.topic())?,
+            ))
+        })
         .collect::<zmq::Result<_>>()?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -69,31 +97,26 @@ pub fn subscribe(
 fn run(worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>, stop: Arc<AtomicBool>) {
     let poll_ms = Duration::from_millis(100).as_millis() as i64;
     while !stop.load(Ordering::Relaxed) {
-        let mut items: Vec<zmq::PollItem> = sockets
-            .iter()
-            .map(|(_, s)| s.as_poll_item(zmq::POLLIN))
-            .collect();
-        if zmq::poll(&mut items, poll_ms).is_err() {
+        let Ok(ready) = wait_readable(sockets.iter().map(|(_, s)| s), poll_ms) else {
             continue;
-        }
-        let ready: Vec<bool> = items.iter().map(zmq::PollItem::is_readable).collect();
-        drop(items);
+        };
         for ((rank, s), ready) in sockets.iter().zip(ready) {
-            if !ready {
-                continue;
-            }
-            // Drain what is queued on this rank, newest last.
-            while let Ok(frames) = s.recv_multipart(zmq::DONTWAIT) {
-                match decode_frames(&frames) {
-                    Ok(m) => {
-                        let snap = m.payload.into_snapshot();
-                        if worker.record(*rank, m.seq, &snap) == SeqEvent::Restart {
-                            tracing::info!(worker = %worker.url, rank, "load publisher restarted (seq went back to {})", m.seq);
-                        }
-                    }
-                    Err(e) => worker.drop_frame(e.reason()),
-                }
+            if ready {
+                drain(s, |m| record(&worker, *rank, m));
             }
         }
+    }
+}
+
+/// Records one decoded message in the book, or counts its drop.
+fn record(worker: &Worker, rank: usize, m: Result<Message, FrameError>) {
+    match m {
+        Ok(m) => {
+            let snap = m.payload.into_snapshot();
+            if worker.record(rank, m.seq, &snap) == SeqEvent::Restart {
+                tracing::info!(worker = %worker.url, rank, "load publisher restarted (seq went back to {})", m.seq);
+            }
+        }
+        Err(e) => worker.drop_frame(&e),
     }
 }

@@ -97,11 +97,18 @@ pub fn describe_engine(req: RangeRequest<'_>, block_size: i64) -> Option<KvEvent
 pub fn parse_server_info(body: &[u8]) -> Result<Option<KvEventsDescriptor>, DescriptorError> {
     let v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| DescriptorError::Json(e.to_string()))?;
-    let obj = v.as_object().ok_or(DescriptorError::NotObject)?;
+    descriptor_of(&v)
+}
+
+/// [`parse_server_info`] on an already parsed `/server_info` document.
+pub fn descriptor_of(
+    server_info: &serde_json::Value,
+) -> Result<Option<KvEventsDescriptor>, DescriptorError> {
+    let obj = server_info.as_object().ok_or(DescriptorError::NotObject)?;
     match obj.get("kv_events") {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(d) => {
-            let d: KvEventsDescriptor = serde_json::from_value(d.clone())
+            let d = KvEventsDescriptor::deserialize(d)
                 .map_err(|e| DescriptorError::Field(e.to_string()))?;
             d.validate()?;
             Ok(Some(d))

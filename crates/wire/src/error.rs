@@ -55,13 +55,42 @@ pub enum FrameError {
 }
 
 impl FrameError {
+    /// Every [`FrameError::reason`] label, at its [`FrameError::index`]: counters of dropped
+    /// frames are arrays indexed by it, and metrics label them from it.
+    pub const REASONS: [&'static str; 4] = ["frame_count", "seq_length", "end_marker", "payload"];
+
+    /// This error's position in [`FrameError::REASONS`].
+    pub fn index(&self) -> usize {
+        match self {
+            FrameError::FrameCount(_) => 0,
+            FrameError::SeqLength(_) => 1,
+            FrameError::EndMarker => 2,
+            FrameError::Payload(_) => 3,
+        }
+    }
+
     /// A short stable label for metrics (`reason="..."`).
     pub fn reason(&self) -> &'static str {
-        match self {
-            FrameError::FrameCount(_) => "frame_count",
-            FrameError::SeqLength(_) => "seq_length",
-            FrameError::EndMarker => "end_marker",
-            FrameError::Payload(_) => "payload",
+        Self::REASONS[self.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_is_listed_once_at_its_index() {
+        let all = [
+            FrameError::FrameCount(2),
+            FrameError::SeqLength(7),
+            FrameError::EndMarker,
+            FrameError::Payload(DecodeError::TooDeep),
+        ];
+        let labels: Vec<&str> = all.iter().map(FrameError::reason).collect();
+        assert_eq!(labels, FrameError::REASONS);
+        for (i, e) in all.iter().enumerate() {
+            assert_eq!(e.index(), i);
         }
     }
 }

@@ -8,12 +8,14 @@
 //! * [`kv_events`] — the KV-event stream's `KVEventBatch` (SGLang/vLLM encoding) and page hashes;
 //! * [`endpoint`], [`ports`] — tcp endpoint parsing and the one port-range resolver;
 //! * [`descriptor`] — the `/server_info` `kv_events` block, built and parsed;
+//! * [`discovery`] — worker URL + `/server_info` body → load endpoints, or why there are none;
 //! * [`shm`] — the SLNS v2 slot-file layout;
 //! * [`loads`] — `/v1/loads` JSON and Prometheus rendering;
 //! * [`prom`] — the one Prometheus text writer and its strict parser.
 
 pub mod codec;
 pub mod descriptor;
+pub mod discovery;
 pub mod endpoint;
 pub mod error;
 pub mod frame;

@@ -1,0 +1,148 @@
+//! The admin API and the worker list: `GET /workers` (open, also fed to the dashboard), and
+//! `POST /workers` / `DELETE /workers?url=` to change the fleet at runtime. Changes need the bearer
+//! token from `--admin-token`; without one they are refused, so a router is never open by accident.
+
+use crate::book::Worker;
+use crate::fleet::{discover, validate_url};
+use crate::state::{AppState, error_response};
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// One worker as `/workers` shows it: its load and source, breaker and health, and per rank.
+pub fn worker_json(st: &AppState, w: &Worker) -> Value {
+    let l = w.load(st.cfg.load_signal, st.cfg.freshness_ms);
+    json!({
+        "url": w.url,
+        "dp_size": w.ranks.len(),
+        "load": l.requests,
+        "score": l.score,
+        "tokens": l.tokens,
+        "source": l.source.as_str(),
+        "age_ms": if l.age_ms == u64::MAX { Value::Null } else { json!(l.age_ms) },
+        "inflight": w.inflight(),
+        "healthy": w.healthy.load(Relaxed),
+        "breaker_open": w.breaker_open(),
+        "no_load_reason": w.no_load_reason,
+        "ranks": w.ranks.iter().map(|r| json!({
+            "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
+            "token_usage": f64::from_bits(r.token_usage_bits.load(Relaxed)),
+            "seq": r.last_seq.load(Relaxed), "gaps": r.gaps.load(Relaxed), "restarts": r.restarts.load(Relaxed),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The whole `/workers` document.
+pub fn workers_json(st: &AppState) -> Value {
+    let ws = st.fleet.workers();
+    json!({ "policy": st.cfg.policy.as_str(), "workers": ws.iter().map(|w| worker_json(st, w)).collect::<Vec<_>>() })
+}
+
+pub async fn list_workers(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(workers_json(&st)).into_response()
+}
+
+/// Checks the bearer token; the admin API is off unless `--admin-token` is set.
+/// (The error is the response to send; it is built once per refused admin call, so its size is moot.)
+#[allow(clippy::result_large_err)]
+fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), Response> {
+    let Some(token) = &st.cfg.admin_token else {
+        return Err(error_response(
+            StatusCode::FORBIDDEN,
+            "the admin API is disabled; start the router with --admin-token to enable it",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        Ok(())
+    } else {
+        Err(error_response(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token (Authorization: Bearer <--admin-token>)",
+        ))
+    }
+}
+
+/// Equality whose time does not depend on where the inputs differ: the token is a secret.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The `url` of a `POST /workers` body, checked.
+#[allow(clippy::result_large_err)]
+fn url_from_body(body: &[u8]) -> Result<String, Response> {
+    let url = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("url").and_then(Value::as_str).map(str::to_string))
+        .ok_or_else(|| {
+            error_response(
+                StatusCode::BAD_REQUEST,
+                "body: expected {\"url\": \"http://HOST:PORT\"}",
+            )
+        })?;
+    validate_url(&url).map_err(|e| error_response(StatusCode::BAD_REQUEST, &e))
+}
+
+pub async fn add_worker(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(r) = authorize(&st, &headers) {
+        return r;
+    }
+    let url = match url_from_body(&body) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let d = discover(&st.client, &url, st.cfg.discovery_attempts).await;
+    let w = st.fleet.add(&url, d);
+    (StatusCode::CREATED, axum::Json(worker_json(&st, &w))).into_response()
+}
+
+pub async fn remove_worker(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(r) = authorize(&st, &headers) {
+        return r;
+    }
+    let Some(url) = q.get("url") else {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "url: required query parameter (DELETE /workers?url=http://HOST:PORT)",
+        );
+    };
+    let url = url.trim_end_matches('/').to_string();
+    let st2 = st.clone();
+    // Removing joins the worker's subscriber thread: not on the async executor.
+    let removed = tokio::task::spawn_blocking(move || st2.fleet.remove(&url))
+        .await
+        .unwrap_or(false);
+    if removed {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        error_response(StatusCode::NOT_FOUND, "no such worker")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+}

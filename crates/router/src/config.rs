@@ -1,0 +1,66 @@
+//! `RouterConfig`: everything `loadlink route` is configured with, its defaults, and the checks
+//! made before anything binds. One place, so the CLI, the demo and the tests agree on defaults.
+
+use crate::book::LoadSignal;
+use crate::fleet::validate_url;
+use crate::policy::Policy;
+
+/// Everything `loadlink route` is configured with.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub host: String,
+    pub port: u16,
+    pub worker_urls: Vec<String>,
+    pub policy: Policy,
+    pub load_signal: LoadSignal,
+    /// Snapshots older than this are stale (every rank must be fresh).
+    pub freshness_ms: u64,
+    pub max_body_bytes: usize,
+    /// A request body must arrive within this (slow-body / slowloris bound).
+    pub body_timeout_ms: u64,
+    pub max_retries: u32,
+    pub retry_initial_backoff_ms: u64,
+    pub retry_max_backoff_ms: u64,
+    pub upstream_timeout_ms: u64,
+    pub breaker_threshold: u64,
+    pub breaker_cooldown_ms: u64,
+    pub health_interval_ms: u64,
+    pub discovery_attempts: u32,
+    pub admin_token: Option<String>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            host: "127.0.0.1".into(),
+            port: 30080,
+            worker_urls: Vec::new(),
+            policy: Policy::PowerOfTwo,
+            load_signal: LoadSignal::Backlog,
+            freshness_ms: 3000,
+            max_body_bytes: 16 << 20,
+            body_timeout_ms: 30_000,
+            max_retries: 2,
+            retry_initial_backoff_ms: 50,
+            retry_max_backoff_ms: 1000,
+            upstream_timeout_ms: 600_000,
+            breaker_threshold: 3,
+            breaker_cooldown_ms: 5000,
+            health_interval_ms: 5000,
+            discovery_attempts: 5,
+            admin_token: None,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// The configured worker URLs, each checked and normalised (no trailing `/`).
+    pub fn validated_worker_urls(&self) -> Result<Vec<String>, String> {
+        self.worker_urls.iter().map(|u| validate_url(u)).collect()
+    }
+
+    /// The address to bind, `HOST:PORT`.
+    pub fn bind_addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}

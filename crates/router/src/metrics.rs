@@ -1,0 +1,303 @@
+//! Router-wide counters (`Metrics`) and the `/metrics` page.
+//!
+//! The page is written through `loadlink_wire::prom`, the one Prometheus writer: each family is
+//! opened once and all its samples follow, with typed label sets. Every per-worker reading is
+//! taken from one `Load` per worker per scrape, so the gauges of a worker agree with each other.
+
+use crate::book::{Load, Source, Worker};
+use crate::state::AppState;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use loadlink_wire::FrameError;
+use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType, Number};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Router-wide counters.
+#[derive(Default)]
+pub struct Metrics {
+    pub decisions: AtomicU64,
+    pub fallback_decisions: AtomicU64,
+    pub retries: AtomicU64,
+    /// Responses by status class, indexed like [`STATUS_CLASSES`].
+    pub status: [AtomicU64; 4],
+    /// Time to upstream response headers, cumulative histogram over [`TTFB_BUCKETS_MS`].
+    pub ttfb_buckets: [AtomicU64; 10],
+    pub ttfb_sum_us: AtomicU64,
+    pub ttfb_count: AtomicU64,
+}
+
+pub const TTFB_BUCKETS_MS: [f64; 10] = [
+    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, 5000.0,
+];
+
+/// The `class` labels of `loadlink_router_responses_total`.
+pub const STATUS_CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
+
+impl Metrics {
+    pub fn count_status(&self, s: u16) {
+        let i = match s {
+            200..=299 => 0,
+            400..=499 => 1,
+            500..=599 => 2,
+            _ => 3,
+        };
+        self.status[i].fetch_add(1, Relaxed);
+    }
+
+    pub fn observe_ttfb(&self, d: Duration) {
+        let ms = d.as_secs_f64() * 1000.0;
+        for (i, b) in TTFB_BUCKETS_MS.iter().enumerate() {
+            if ms <= *b {
+                self.ttfb_buckets[i].fetch_add(1, Relaxed);
+            }
+        }
+        self.ttfb_sum_us.fetch_add(d.as_micros() as u64, Relaxed);
+        self.ttfb_count.fetch_add(1, Relaxed);
+    }
+
+    /// The router-wide families.
+    fn write(&self, e: &mut Exposition) {
+        let counters = [
+            (
+                "loadlink_router_decisions_total",
+                "Routing decisions",
+                &self.decisions,
+            ),
+            (
+                "loadlink_router_fallback_decisions_total",
+                "Decisions that chose a worker priced on in-flight fallback",
+                &self.fallback_decisions,
+            ),
+            (
+                "loadlink_router_retries_total",
+                "Upstream attempts retried on another worker",
+                &self.retries,
+            ),
+        ];
+        for (name, help, c) in counters {
+            e.single(name, MetricType::Counter, help, c.load(Relaxed));
+        }
+        let mut f = e.family(
+            "loadlink_router_responses_total",
+            MetricType::Counter,
+            "Responses by status class",
+        );
+        for (class, n) in STATUS_CLASSES.iter().zip(&self.status) {
+            f.sample(&[("class", class)], n.load(Relaxed));
+        }
+        let buckets = TTFB_BUCKETS_MS
+            .iter()
+            .zip(&self.ttfb_buckets)
+            .map(|(ms, n)| (ms / 1000.0, n.load(Relaxed)));
+        e.family(
+            "loadlink_router_upstream_headers_seconds",
+            MetricType::Histogram,
+            "Time to upstream response headers",
+        )
+        .histogram(
+            &(),
+            buckets,
+            self.ttfb_count.load(Relaxed),
+            self.ttfb_sum_us.load(Relaxed) as f64 / 1e6,
+        );
+    }
+}
+
+/// `{worker="URL"}`.
+struct WorkerLabels<'a> {
+    worker: &'a str,
+}
+
+impl LabelSet for WorkerLabels<'_> {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("worker", self.worker);
+    }
+}
+
+/// `{worker="URL",source="engine|fallback"}`.
+struct SourcedLabels<'a> {
+    worker: &'a str,
+    source: Source,
+}
+
+impl LabelSet for SourcedLabels<'_> {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("worker", self.worker);
+        w.label("source", self.source.as_str());
+    }
+}
+
+/// `{worker="URL",rank="R"}`.
+struct RankLabels<'a> {
+    worker: &'a str,
+    rank: usize,
+}
+
+impl LabelSet for RankLabels<'_> {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("worker", self.worker);
+        w.label("rank", self.rank);
+    }
+}
+
+/// `{worker="URL",reason="<FrameError::reason>"}`.
+struct DropLabels<'a> {
+    worker: &'a str,
+    reason: &'static str,
+}
+
+impl LabelSet for DropLabels<'_> {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("worker", self.worker);
+        w.label("reason", self.reason);
+    }
+}
+
+/// One reading of a worker, taken with the `Load` of this scrape.
+type WorkerReading = fn(&Worker, &Load) -> Number;
+
+/// The per-worker families labelled `{worker}` only.
+const WORKER_FAMILIES: [(&str, MetricType, &str, WorkerReading); 7] = [
+    (
+        "loadlink_worker_load_age_seconds",
+        MetricType::Gauge,
+        "Age of the oldest rank snapshot (NaN: none)",
+        |_, l| match l.age_ms {
+            u64::MAX => Number::Float(f64::NAN),
+            ms => Number::Float(ms as f64 / 1000.0),
+        },
+    ),
+    (
+        "loadlink_worker_inflight",
+        MetricType::Gauge,
+        "Open in-flight guards of this router",
+        |w, _| w.inflight().into(),
+    ),
+    (
+        "loadlink_worker_requests_total",
+        MetricType::Counter,
+        "Requests dispatched",
+        |w, _| w.requests_total.load(Relaxed).into(),
+    ),
+    (
+        "loadlink_worker_failures_total",
+        MetricType::Counter,
+        "Failed upstream attempts",
+        |w, _| w.failures_total.load(Relaxed).into(),
+    ),
+    (
+        "loadlink_worker_breaker_open",
+        MetricType::Gauge,
+        "1 while the circuit breaker is open",
+        |w, _| w.breaker_open().into(),
+    ),
+    (
+        "loadlink_worker_healthy",
+        MetricType::Gauge,
+        "1 while health checks pass",
+        |w, _| w.healthy.load(Relaxed).into(),
+    ),
+    (
+        "loadlink_worker_engine_priced",
+        MetricType::Gauge,
+        "1 when priced on engine load, 0 on fallback",
+        |_, l| (l.source == Source::Engine).into(),
+    ),
+];
+
+/// A rank's load-stream counters: the `{worker, rank}` families.
+type RankReading = fn(&crate::book::RankState) -> u64;
+
+const RANK_FAMILIES: [(&str, &str, RankReading); 3] = [
+    (
+        "loadlink_rank_messages_total",
+        "Load messages received per rank",
+        |r| r.messages.load(Relaxed),
+    ),
+    (
+        "loadlink_rank_seq_gaps_total",
+        "Sequence numbers skipped (PUB drops)",
+        |r| r.gaps.load(Relaxed),
+    ),
+    (
+        "loadlink_rank_restarts_total",
+        "Publisher restarts detected (seq went back)",
+        |r| r.restarts.load(Relaxed),
+    ),
+];
+
+/// The per-worker, per-rank and dropped-frame families.
+fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
+    let mut f = e.family(
+        "loadlink_worker_load",
+        MetricType::Gauge,
+        "Load a policy sees (requests), with its source",
+    );
+    for (w, l) in loads {
+        let labels = SourcedLabels {
+            worker: &w.url,
+            source: l.source,
+        };
+        f.sample(&labels, l.requests);
+    }
+    for (name, ty, help, read) in WORKER_FAMILIES {
+        let mut f = e.family(name, ty, help);
+        for (w, l) in loads {
+            f.sample(&WorkerLabels { worker: &w.url }, read(w, l));
+        }
+    }
+    for (name, help, read) in RANK_FAMILIES {
+        let mut f = e.family(name, MetricType::Counter, help);
+        for (w, _) in loads {
+            for (rank, r) in w.ranks.iter().enumerate() {
+                f.sample(
+                    &RankLabels {
+                        worker: &w.url,
+                        rank,
+                    },
+                    read(r),
+                );
+            }
+        }
+    }
+    let mut f = e.family(
+        "loadlink_frames_dropped_total",
+        MetricType::Counter,
+        "Load frames dropped, by reason",
+    );
+    for (w, _) in loads {
+        for (reason, n) in FrameError::REASONS.iter().zip(&w.dropped) {
+            f.sample(
+                &DropLabels {
+                    worker: &w.url,
+                    reason,
+                },
+                n.load(Relaxed),
+            );
+        }
+    }
+}
+
+/// The whole `/metrics` page.
+pub fn render(st: &AppState) -> String {
+    let workers = st.fleet.workers();
+    let loads: Vec<(&Worker, Load)> = workers
+        .iter()
+        .map(|w| (&**w, w.load(st.cfg.load_signal, st.cfg.freshness_ms)))
+        .collect();
+    let mut e = Exposition::new();
+    st.metrics.write(&mut e);
+    write_workers(&mut e, &loads);
+    e.finish()
+}
+
+pub async fn page(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render(&st),
+    )
+        .into_response()
+}

@@ -1,0 +1,44 @@
+//! The state every handler shares (`AppState`) and the one JSON error shape the router answers
+//! with. Its own module so the proxy, the admin API and the server depend on it, not on each other.
+
+use crate::config::RouterConfig;
+use crate::fleet::{Fleet, HttpClient};
+use crate::metrics::Metrics;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+/// What the router's handlers share.
+pub struct AppState {
+    pub cfg: RouterConfig,
+    pub fleet: Fleet,
+    pub client: HttpClient,
+    /// Request sequence: seeds random policies and retry jitter.
+    pub seq: AtomicU64,
+    pub metrics: Metrics,
+    /// Set at shutdown so endless streams (the dashboard feed) end and the drain can finish.
+    pub stopping: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(cfg: RouterConfig) -> Self {
+        AppState {
+            cfg,
+            fleet: Fleet::default(),
+            client: crate::fleet::http_client(),
+            seq: AtomicU64::new(0),
+            metrics: Metrics::default(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+}
+
+/// `{"error": {"message", "code"}}` with `status`: the OpenAI-style error body.
+pub fn error_response(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({ "error": { "message": message, "code": status.as_u16() } })),
+    )
+        .into_response()
+}

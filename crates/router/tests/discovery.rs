@@ -1,0 +1,35 @@
+//! Discovery end to end: an engine that declines its load range says why in `/server_info`, and
+//! the router's `/workers` carries that reason (the same text `loadlink watch` prints), while the
+//! worker is still routed on in-flight.
+
+mod common;
+
+use common::{router, worker_json};
+use loadlink_engine::{Engine, EngineConfig};
+use loadlink_publish::free_port_block;
+use loadlink_router::LoadSignal;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_shows_the_engines_own_decline_reason() {
+    // A concrete-host KV endpoint: the engine declines the load range and reports why.
+    let kv_port = free_port_block(1).unwrap();
+    let engine = Engine::start(EngineConfig {
+        port: 0,
+        kv_events_config: Some(format!(
+            r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{kv_port}"}}"#
+        )),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let r = router(vec![engine.url()], LoadSignal::Engine, |_| {}).await;
+    let c = reqwest::Client::new();
+    let w = worker_json(&c, &r.url(), &engine.url()).await;
+    assert_eq!(w["source"], "fallback");
+    let reason = w["no_load_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("does not report load") && reason.contains("wildcard"),
+        "{reason}"
+    );
+    r.stop().await;
+}

@@ -1,0 +1,171 @@
+//! Discovery as a pure function: from a worker's URL and its `/server_info` body to the load
+//! sockets to dial (one per DP rank, with the wire generation), or the reason there are none.
+//!
+//! Why here: the router's fleet and `loadlink watch` both discover, and they used to disagree (only
+//! `watch` showed the engine's own decline reason). Fetching `/server_info` is each caller's
+//! business (retries, timeouts, runtime); what the body *means* is the protocol's, so it lives next
+//! to the descriptor parser, with no I/O, and both callers share it. The worker-URL rules (scheme,
+//! no path, the host to dial) live here too, for the same reason: the host a subscriber dials is
+//! part of the discovery contract ("dial the worker URL's host, never `endpoint_host`").
+
+use crate::descriptor::{DescriptorError, LoadEndpoint, descriptor_of};
+use thiserror::Error;
+
+/// The `/server_info` field in which an engine says why it declined its load range (absent or
+/// null when it publishes, or when publishing is simply off).
+pub const DECLINE_REASON_FIELD: &str = "load_publish_decline_reason";
+
+/// A worker URL that is not `http(s)://HOST[:PORT]`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WorkerUrlError {
+    #[error("worker URL {0:?}: expected http://HOST:PORT or https://HOST:PORT")]
+    Scheme(String),
+    #[error("worker URL {0:?}: expected a host (and optional port) and no path")]
+    HostOnly(String),
+}
+
+/// Checks a worker URL, `http(s)://HOST[:PORT]` with no path beyond `/`, and returns it without
+/// the trailing `/`.
+pub fn worker_url(url: &str) -> Result<String, WorkerUrlError> {
+    let u = url.trim().trim_end_matches('/');
+    let rest = u
+        .strip_prefix("http://")
+        .or_else(|| u.strip_prefix("https://"))
+        .ok_or_else(|| WorkerUrlError::Scheme(url.to_string()))?;
+    if rest.is_empty()
+        || rest.starts_with(':')
+        || rest.contains('/')
+        || rest.contains(char::is_whitespace)
+    {
+        return Err(WorkerUrlError::HostOnly(url.to_string()));
+    }
+    Ok(u.to_string())
+}
+
+/// The host part of a checked worker URL (brackets kept for IPv6): the host to dial.
+pub fn worker_host(url: &str) -> &str {
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    if rest.starts_with('[') {
+        return rest
+            .split(']')
+            .next()
+            .map_or(rest, |h| &rest[..h.len() + 1]);
+    }
+    rest.rsplit_once(':').map_or(rest, |(h, _)| h)
+}
+
+/// Why a worker has no load sockets to dial.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NoLoad {
+    /// The body is not a `/server_info` document this protocol understands.
+    #[error("{0}")]
+    Malformed(#[from] DescriptorError),
+    #[error(
+        "the worker advertises no kv_events publisher (kv_events is null), so it publishes no \
+         load; start it with --kv-events-config"
+    )]
+    NoKvEvents,
+    /// A KV publisher but no load range; `decline_reason` is the engine's own explanation.
+    #[error(
+        "the worker advertises no load_endpoint_port_base, so it does not report load{}",
+        explain(decline_reason)
+    )]
+    NoLoadRange { decline_reason: Option<String> },
+}
+
+fn explain(decline_reason: &Option<String>) -> String {
+    match decline_reason {
+        Some(r) => format!(": {r}"),
+        None => " (its --load-publish-endpoint is off, or the range was declined)".into(),
+    }
+}
+
+/// The load sockets of the worker at `worker_url` (checked with [`worker_url`]) whose
+/// `/server_info` body is `server_info`: one per DP rank, dialing the URL's host.
+pub fn load_endpoints(worker_url: &str, server_info: &[u8]) -> Result<Vec<LoadEndpoint>, NoLoad> {
+    let doc: serde_json::Value =
+        serde_json::from_slice(server_info).map_err(|e| DescriptorError::Json(e.to_string()))?;
+    let descriptor = descriptor_of(&doc)?.ok_or(NoLoad::NoKvEvents)?;
+    let endpoints = descriptor.load_endpoints(worker_host(worker_url));
+    if endpoints.is_empty() {
+        let decline_reason = doc
+            .get(DECLINE_REASON_FIELD)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string);
+        return Err(NoLoad::NoLoadRange { decline_reason });
+    }
+    Ok(endpoints)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::Generation;
+
+    const KV: &str = r#""publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"topic":"","block_size":16"#;
+
+    #[test]
+    fn worker_urls_are_checked() {
+        assert_eq!(
+            worker_url("http://10.0.0.1:30000/").unwrap(),
+            "http://10.0.0.1:30000"
+        );
+        assert!(
+            worker_url("ftp://x")
+                .unwrap_err()
+                .to_string()
+                .contains("expected http://")
+        );
+        assert!(worker_url("http://").is_err());
+        assert!(worker_url("http://h:1/v1").is_err());
+        assert_eq!(worker_host("http://[::1]:30000"), "[::1]");
+        assert_eq!(worker_host("http://node-3:30000"), "node-3");
+        assert_eq!(worker_host("https://node-3"), "node-3");
+    }
+
+    #[test]
+    fn endpoints_per_rank_dial_the_worker_host() {
+        let body = format!(
+            r#"{{"kv_events":{{{KV},"dp_size":2,"load_endpoint_port_base":5559,"load_topic":"load"}}}}"#
+        );
+        let eps = load_endpoints("http://[::1]:30000", body.as_bytes()).unwrap();
+        let dialed: Vec<_> = eps.iter().map(|e| (e.rank, e.endpoint.as_str())).collect();
+        assert_eq!(dialed, [(0, "tcp://[::1]:5559"), (1, "tcp://[::1]:5560")]);
+        assert!(eps.iter().all(|e| e.generation == Generation::LoadStat));
+    }
+
+    #[test]
+    fn every_reason_for_no_endpoints_is_named() {
+        let url = "http://h:1";
+        let none = load_endpoints(url, br#"{"kv_events":null}"#).unwrap_err();
+        assert_eq!(none, NoLoad::NoKvEvents);
+        assert!(none.to_string().contains("kv_events is null"));
+        let declined = format!(
+            r#"{{"kv_events":{{{KV},"dp_size":1}},"{DECLINE_REASON_FIELD}":"needs a wildcard host"}}"#
+        );
+        let e = load_endpoints(url, declined.as_bytes()).unwrap_err();
+        assert_eq!(
+            e,
+            NoLoad::NoLoadRange {
+                decline_reason: Some("needs a wildcard host".into())
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("does not report load: needs a wildcard host"),
+            "{text}"
+        );
+        let quiet =
+            format!(r#"{{"kv_events":{{{KV},"dp_size":1}},"{DECLINE_REASON_FIELD}":null}}"#);
+        let e = load_endpoints(url, quiet.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("is off, or the range was declined"));
+        assert!(matches!(
+            load_endpoints(url, b"not json"),
+            Err(NoLoad::Malformed(DescriptorError::Json(_)))
+        ));
+        assert!(matches!(
+            load_endpoints(url, b"[1]"),
+            Err(NoLoad::Malformed(DescriptorError::NotObject))
+        ));
+    }
+}
