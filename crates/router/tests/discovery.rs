@@ -2,9 +2,7 @@
 //! the router's `/workers` carries that reason (the same text `loadlink watch` prints), while the
 //! worker is still routed on in-flight.
 
-mod common;
-
-use common::{router, worker_json};
+use loadlink_testkit::{router, worker_json};
 use loadlink_engine::{Engine, EngineConfig};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;

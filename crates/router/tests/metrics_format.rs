@@ -2,15 +2,13 @@
 //! fallback, must parse under the strict `loadlink_wire::prom::parse` (one `# TYPE` per family, no
 //! interleaved samples, histograms well-formed) and carry the values the book holds.
 
-mod common;
-
-use common::{http_worker, router, wait_for, worker_json};
+use loadlink_testkit::{http_worker, router, scrape, wait_for, worker_json};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
-use loadlink_wire::prom::{MetricType, parse};
+use loadlink_wire::prom::MetricType;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,16 +61,8 @@ async fn metrics_page_is_strict_prometheus_with_the_books_values() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let text = c
-        .get(format!("{}/metrics", r.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = scrape(&c, &r.url()).await;
     stop.store(true, Ordering::Relaxed);
-    let m = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
 
     assert_eq!(m.value("loadlink_router_decisions_total", &[]), Some(1.0));
     assert_eq!(
