@@ -3,6 +3,7 @@
 //! scheduler model, LoadBook and policies — it forks none of them.
 
 pub mod live;
+pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
