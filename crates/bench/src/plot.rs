@@ -18,6 +18,9 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters_backend::{
+    self as backend, BackendColor, BackendCoord, BackendTextStyle, DrawingErrorKind,
+};
 use serde_json::Value;
 use std::io;
 use std::ops::Range;
@@ -34,6 +37,13 @@ const TICK: u32 = 15;
 const LEGEND: u32 = 16;
 const NOTE: u32 = 14;
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+fn font_ref() -> &'static ab_glyph::FontRef<'static> {
+    static F: std::sync::OnceLock<ab_glyph::FontRef<'static>> = std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        ab_glyph::FontRef::try_from_slice(FONT).expect("the embedded DejaVu Sans parses")
+    })
+}
 
 /// Registers the embedded font as plotters' "sans-serif" (its `ab_glyph` text has no other).
 fn register_font() {
@@ -253,9 +263,14 @@ pub fn from_json(json: &Path) -> io::Result<(Vec<PathBuf>, Vec<String>)> {
             )?);
         }
         _ => skipped.push(format!(
-            "TTFT plot: the rows of {} carry no ttft_samples_s (simulated results do not; \
-             `loadlink bench sim` redraws them, it is deterministic)",
-            json.display()
+            "TTFT plot: the rows of {} carry no ttft_samples_s ({})",
+            json.display(),
+            if live {
+                "a live run from before they were recorded; only a rerun of `loadlink bench live` \
+                 has them"
+            } else {
+                "simulated results do not; `loadlink bench sim` redraws them, it is deterministic"
+            }
         )),
     }
     match doc["sweep"].as_array() {
@@ -307,7 +322,7 @@ fn write_figure(stem: &Path, fig: &impl Figure) -> io::Result<[PathBuf; 2]> {
     let (w, h) = SIZE;
     let mut rgb = vec![0u8; w as usize * h as usize * 3];
     {
-        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+        let root = Bitmap(BitMapBackend::with_buffer(&mut rgb, SIZE)).into_drawing_area();
         fig.draw(&root).map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
     }
@@ -321,6 +336,143 @@ fn write_figure(stem: &Path, fig: &impl Figure) -> io::Result<[PathBuf; 2]> {
     writer.write_image_data(&rgb).map_err(io::Error::other)?;
     writer.finish().map_err(io::Error::other)?;
     Ok([svg, png])
+}
+
+/// plotters' `BitMapBackend` with its own text drawing: plotters 0.3.7's ab_glyph text drops each
+/// glyph's side bearing and rounds the pen to whole pixels, which spaces letters unevenly
+/// ("TTF T fl oor"). Here glyphs sit at their exact advance (kerned, sub-pixel) and are blended by
+/// coverage. Widths match plotters' own estimate (the same advances), so layout is unchanged.
+struct Bitmap<'a>(BitMapBackend<'a>);
+
+type BitmapResult =
+    Result<(), DrawingErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>>;
+
+impl DrawingBackend for Bitmap<'_> {
+    type ErrorType = <BitMapBackend<'static> as DrawingBackend>::ErrorType;
+
+    fn get_size(&self) -> (u32, u32) {
+        self.0.get_size()
+    }
+    fn ensure_prepared(&mut self) -> BitmapResult {
+        self.0.ensure_prepared()
+    }
+    fn present(&mut self) -> BitmapResult {
+        self.0.present()
+    }
+    fn draw_pixel(&mut self, p: BackendCoord, c: BackendColor) -> BitmapResult {
+        self.0.draw_pixel(p, c)
+    }
+    fn draw_line<S: backend::BackendStyle>(
+        &mut self,
+        a: BackendCoord,
+        b: BackendCoord,
+        s: &S,
+    ) -> BitmapResult {
+        self.0.draw_line(a, b, s)
+    }
+    fn draw_rect<S: backend::BackendStyle>(
+        &mut self,
+        a: BackendCoord,
+        b: BackendCoord,
+        s: &S,
+        fill: bool,
+    ) -> BitmapResult {
+        self.0.draw_rect(a, b, s, fill)
+    }
+    fn draw_path<S: backend::BackendStyle, I: IntoIterator<Item = BackendCoord>>(
+        &mut self,
+        path: I,
+        s: &S,
+    ) -> BitmapResult {
+        self.0.draw_path(path, s)
+    }
+    fn draw_circle<S: backend::BackendStyle>(
+        &mut self,
+        c: BackendCoord,
+        r: u32,
+        s: &S,
+        fill: bool,
+    ) -> BitmapResult {
+        self.0.draw_circle(c, r, s, fill)
+    }
+    fn fill_polygon<S: backend::BackendStyle, I: IntoIterator<Item = BackendCoord>>(
+        &mut self,
+        vert: I,
+        s: &S,
+    ) -> BitmapResult {
+        self.0.fill_polygon(vert, s)
+    }
+    fn blit_bitmap(&mut self, pos: BackendCoord, size: (u32, u32), src: &[u8]) -> BitmapResult {
+        self.0.blit_bitmap(pos, size, src)
+    }
+
+    fn draw_text<T: BackendTextStyle>(
+        &mut self,
+        text: &str,
+        style: &T,
+        pos: BackendCoord,
+    ) -> BitmapResult {
+        use ab_glyph::{Font, ScaleFont};
+        let color = style.color();
+        if color.alpha == 0.0 {
+            return Ok(());
+        }
+        let font = font_ref();
+        let scaled = font.as_scaled(style.size() as f32);
+        let width: f32 = {
+            let (mut w, mut prev) = (0.0, None);
+            for ch in text.chars() {
+                let id = scaled.glyph_id(ch);
+                if let Some(p) = prev {
+                    w += scaled.kern(p, id);
+                }
+                w += scaled.h_advance(id);
+                prev = Some(id);
+            }
+            w
+        };
+        let x0 = match style.anchor().h_pos {
+            HPos::Left => 0.0,
+            HPos::Center => -width / 2.0,
+            HPos::Right => -width,
+        };
+        // The baseline, from the anchor: plotters lays text out in a box `size / 1.24` high (its
+        // estimate); the glyphs' ascent-descent box is centred on that box.
+        let half = style.size() as f32 / 1.24 / 2.0;
+        let centre = match style.anchor().v_pos {
+            VPos::Top => half,
+            VPos::Center => 0.0,
+            VPos::Bottom => -half,
+        };
+        let baseline = centre + (scaled.ascent() + scaled.descent()) / 2.0;
+        let transform = style.transform();
+        let mut cover: Vec<(i32, i32, f32)> = Vec::new();
+        let (mut pen, mut prev) = (x0, None);
+        for ch in text.chars() {
+            let id = scaled.glyph_id(ch);
+            if let Some(p) = prev {
+                pen += scaled.kern(p, id);
+            }
+            let glyph = id.with_scale_and_position(scaled.scale(), ab_glyph::point(pen, baseline));
+            if let Some(outline) = font.outline_glyph(glyph) {
+                let b = outline.px_bounds();
+                outline.draw(|x, y, c| {
+                    cover.push((b.min.x as i32 + x as i32, b.min.y as i32 + y as i32, c))
+                });
+            }
+            pen += scaled.h_advance(id);
+            prev = Some(id);
+        }
+        for (x, y, c) in cover {
+            let (dx, dy) = transform.transform(x, y);
+            let alpha = color.alpha * f64::from(c.clamp(0.0, 1.0));
+            if alpha > 0.0 {
+                self.0
+                    .draw_pixel((pos.0 + dx, pos.1 + dy), color.mix(alpha / color.alpha))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn font(size: u32) -> TextStyle<'static> {
@@ -519,6 +671,24 @@ fn legend<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Draws `title` centred over the plotting part of `panel` (right of its `y_labels` pixels of
+/// y-axis labels, as built with a margin of 12) and returns the area below it.
+fn panel_title<DB: DrawingBackend>(
+    panel: &DrawingArea<DB, Shift>,
+    title: &str,
+    y_labels: u32,
+) -> Result<DrawingArea<DB, Shift>, DrawingAreaErrorKind<DB::ErrorType>> {
+    let (head, rest) = panel.split_vertically(40);
+    let w = head.dim_in_pixel().0;
+    let x = (12 + y_labels + w.saturating_sub(12)) / 2;
+    head.draw(&Text::new(
+        title.to_string(),
+        (x as i32, 24),
+        font(CAPTION).pos(Pos::new(HPos::Center, VPos::Center)),
+    ))?;
+    Ok(rest)
+}
+
 struct TtftFigure<'a> {
     title: &'a str,
     /// (label, sorted samples)
@@ -549,8 +719,8 @@ impl Figure for TtftFigure<'_> {
         // Left: the CDF, linear, over every sample.
         let lo = round_nice(positive().fold(f64::MAX, f64::min).min(hi / 10.0), false);
         let (xb, xl) = log_ticks(lo, hi, plot_w);
-        let mut cdf = ChartBuilder::on(&panels[0])
-            .caption("CDF: share of requests at or below x", font(CAPTION))
+        let area = panel_title(&panels[0], "CDF: share of requests at or below x", 64)?;
+        let mut cdf = ChartBuilder::on(&area)
             .margin(12)
             .x_label_area_size(56)
             .y_label_area_size(64)
@@ -592,7 +762,16 @@ impl Figure for TtftFigure<'_> {
         // Right: the slower half, share of requests slower than x on a log axis, so that p90, p99
         // and p99.9 get the same height; x starts at the fastest median.
         let n_max = all().map(<[f64]>::len).max().unwrap_or(1).max(10);
-        let (y_lo, y_hi) = (0.8 / n_max as f64, 0.5);
+        // Down to just below the slowest request, or to the decade under it when that is close,
+        // so that at least one percentile below p90 is labelled.
+        let below_last = 0.8 / n_max as f64;
+        let decade = 10f64.powf(below_last.log10().floor());
+        let y_lo = if decade * 2.0 >= below_last {
+            decade * 0.9
+        } else {
+            below_last
+        };
+        let y_hi = 0.5;
         let x_lo = round_nice(
             all()
                 .filter(|v| !v.is_empty())
@@ -613,8 +792,8 @@ impl Figure for TtftFigure<'_> {
             .chain([0.2])
             .filter(|v| *v >= y_lo && *v < y_hi)
             .collect();
-        let mut tail = ChartBuilder::on(&panels[1])
-            .caption("tail: share of requests slower than x", font(CAPTION))
+        let area = panel_title(&panels[1], "tail: share of requests slower than x", 124)?;
+        let mut tail = ChartBuilder::on(&area)
             .margin(12)
             .x_label_area_size(56)
             .y_label_area_size(124)
@@ -1063,6 +1242,57 @@ mod tests {
         );
         assert!(skipped[0].contains("no ttft_samples_s"), "{skipped:?}");
         assert!(!name("s9-ttft-cdf.svg").exists());
+    }
+
+    /// The bitmap's own text: ink where the anchor says, as wide as plotters' estimate.
+    #[test]
+    fn bitmap_text_lands_on_its_anchor() {
+        register_font();
+        let (w, h) = (400u32, 100u32);
+        let ink = |h_pos: HPos, v_pos: VPos| {
+            let mut rgb = vec![255u8; (w * h * 3) as usize];
+            let estimate = {
+                let root = Bitmap(BitMapBackend::with_buffer(&mut rgb, (w, h))).into_drawing_area();
+                let style = font(20).pos(Pos::new(h_pos, v_pos));
+                let size = root.estimate_text_size("TTFT floor", &style).unwrap();
+                root.draw(&Text::new("TTFT floor", (200, 50), style))
+                    .unwrap();
+                root.present().unwrap();
+                size
+            };
+            let dark: Vec<(u32, u32)> = rgb
+                .chunks(3)
+                .enumerate()
+                .filter(|(_, p)| p[0] < 128)
+                .map(|(i, _)| (i as u32 % w, i as u32 / w))
+                .collect();
+            let xs = (
+                dark.iter().map(|p| p.0).min().unwrap(),
+                dark.iter().map(|p| p.0).max().unwrap(),
+            );
+            let ys = (
+                dark.iter().map(|p| p.1).min().unwrap(),
+                dark.iter().map(|p| p.1).max().unwrap(),
+            );
+            (xs, ys, estimate)
+        };
+        let ((x0, x1), (y0, y1), (ew, eh)) = ink(HPos::Left, VPos::Top);
+        assert!((200..=203).contains(&x0), "left edge {x0}");
+        assert!(
+            (x1 - x0).abs_diff(ew) <= 3,
+            "ink {} wide, estimate {ew}",
+            x1 - x0
+        );
+        assert!(
+            y0 >= 50 && y1 <= 50 + eh + 4,
+            "ink rows {y0}..{y1}, box {eh}"
+        );
+        let ((_, x1), _, _) = ink(HPos::Right, VPos::Top);
+        assert!((197..=200).contains(&x1), "right edge {x1}");
+        let ((x0, x1), (y0, y1), _) = ink(HPos::Center, VPos::Center);
+        assert!((x0 + x1).abs_diff(400) <= 4, "centre {}", (x0 + x1) / 2);
+        // Capitals centred on the anchor within 2 px (no descenders in "TTFT floor").
+        assert!((y0 + y1).abs_diff(100) <= 4, "rows {y0}..{y1}");
     }
 
     #[test]
