@@ -97,8 +97,8 @@ pub struct SweepPoint<'a> {
     pub floor_p99: f64,
 }
 
-/// Title of a TTFT figure: `S1: TTFT per request (load 0.85)`, naming the run mode and a
-/// non-default publish point.
+/// Title of a TTFT figure: `S1 simulated: time to first token per request (load 0.85)`, with a
+/// non-default publish point named after the load.
 pub fn ttft_title(scenario: &str, live: bool, publish_point: &str, load: f64) -> String {
     format!(
         "{}{}: time to first token per request (load {load:.2}{})",
@@ -223,11 +223,7 @@ pub fn from_json(json: &Path) -> io::Result<(Vec<PathBuf>, Vec<String>)> {
     let text = std::fs::read_to_string(json)?;
     let doc: Value = serde_json::from_str(&text).map_err(io::Error::other)?;
     let base = json.with_extension("");
-    let name = |suffix: &str| {
-        let mut s = base.as_os_str().to_owned();
-        s.push(suffix);
-        PathBuf::from(s)
-    };
+    let name = |suffix: &str| with_suffix(&base, suffix);
     let scenario = doc["scenario"].as_str().unwrap_or("?");
     let point = doc["publish_point"]
         .as_str()
