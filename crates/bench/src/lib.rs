@@ -9,6 +9,7 @@
 
 pub mod demo;
 pub mod live;
+pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;

@@ -1,6 +1,5 @@
-//! Reports: a table per policy × signal, JSON for machines, and SVG plots for people (TTFT CDF per
-//! variant; p99 TTFT against load level for a sweep). No plotting dependency: the SVG is written
-//! directly.
+//! Reports: a table per policy × signal and JSON for machines; the plots for people are in
+//! [`crate::plot`].
 
 use crate::sim::{Outcome, quantile};
 use serde_json::{Value, json};
@@ -30,6 +29,49 @@ pub fn row_json(r: &Row) -> Value {
         "queue_cv": o.queue_cv,
         "fallback_fraction": if o.decisions == 0 { 0.0 } else { o.fallback_decisions as f64 / o.decisions as f64 },
     })
+}
+
+/// [`row_json`] plus the raw per-request samples, so plots can be redrawn later
+/// (`loadlink bench plot`): `ttft_samples_s` and `ttft_floor_samples_s`, same order (one entry per
+/// completed request, in completion order), rounded to the microsecond.
+pub fn row_json_with_samples(r: &Row) -> Value {
+    let us = |v: &[f64]| -> Vec<f64> { v.iter().map(|x| (x * 1e6).round() / 1e6).collect() };
+    let mut j = row_json(r);
+    j["ttft_samples_s"] = json!(us(&r.outcome.ttft));
+    j["ttft_floor_samples_s"] = json!(us(&r.outcome.ttft_floor));
+    j
+}
+
+/// Pretty JSON, except that arrays of numbers stay on one line (sample arrays would otherwise take
+/// a line per number).
+pub fn json_text(doc: &Value) -> String {
+    let pretty = serde_json::to_string_pretty(doc).unwrap_or_default();
+    let lines: Vec<&str> = pretty.lines().collect();
+    let mut out = String::with_capacity(pretty.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if line.ends_with('[') {
+            // The numbers up to the closing bracket, if that is all there is.
+            let end = (i + 1..lines.len()).find(|&k| lines[k].trim_start().starts_with(']'));
+            if let Some(end) = end {
+                let items: Vec<&str> = lines[i + 1..end]
+                    .iter()
+                    .map(|l| l.trim().trim_end_matches(','))
+                    .collect();
+                if !items.is_empty() && items.iter().all(|x| x.parse::<f64>().is_ok()) {
+                    let _ = writeln!(out, "{line}{}{}", items.join(", "), lines[end].trim_start());
+                    i = end + 1;
+                    continue;
+                }
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+        i += 1;
+    }
+    out.pop();
+    out
 }
 
 pub fn table(rows: &[Row]) -> String {
@@ -81,178 +123,50 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-const COLORS: [&str; 6] = [
-    "#6b7280", "#f59e0b", "#2563eb", "#10b981", "#7c3aed", "#dc2626",
-];
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn svg_frame(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    body: &str,
-    legend: &[(String, &str)],
-) -> String {
-    let mut s = String::from(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="720" height="440" font-family="sans-serif" font-size="12">"#,
-    );
-    let _ = write!(
-        s,
-        r#"<rect width="720" height="440" fill="white"/><text x="360" y="24" text-anchor="middle" font-size="15">{title}</text>"#
-    );
-    let _ = write!(
-        s,
-        r#"<line x1="70" y1="380" x2="690" y2="380" stroke="black"/><line x1="70" y1="50" x2="70" y2="380" stroke="black"/>"#
-    );
-    let _ = write!(
-        s,
-        r#"<text x="380" y="420" text-anchor="middle">{x_label}</text><text x="18" y="215" transform="rotate(-90 18 215)" text-anchor="middle">{y_label}</text>"#
-    );
-    s.push_str(body);
-    for (i, (name, color)) in legend.iter().enumerate() {
-        let y = 60 + i as i32 * 18;
-        let _ = write!(
-            s,
-            r#"<rect x="480" y="{}" width="12" height="12" fill="{color}"/><text x="498" y="{}">{name}</text>"#,
-            y - 10,
-            y
+    #[test]
+    fn json_text_keeps_number_arrays_on_one_line_and_the_same_value() {
+        let doc = json!({
+            "rows": [{ "variant": "a / b", "ttft_samples_s": [0.5, 1e-6, 2.25], "nested": [[1, 2], [3]] }],
+            "names": ["x", "y"],
+            "empty": [],
+        });
+        let text = json_text(&doc);
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), doc);
+        assert!(
+            text.contains(r#""ttft_samples_s": [0.5, 1e-6, 2.25]"#),
+            "{text}"
+        );
+        assert!(text.contains("[1, 2],"), "{text}");
+        // Arrays of strings and of objects stay one item per line, as to_string_pretty has them.
+        assert!(text.contains("\"names\": [\n"), "{text}");
+        assert!(text.contains("\"rows\": [\n"), "{text}");
+        // Without number arrays it is exactly to_string_pretty.
+        let plain = json!({ "rows": [{ "variant": "a", "ttft_p99_s": 0.5 }] });
+        assert_eq!(
+            json_text(&plain),
+            serde_json::to_string_pretty(&plain).unwrap()
         );
     }
-    s.push_str("</svg>\n");
-    s
-}
 
-/// TTFT CDFs of every row (log-scaled x axis, seconds).
-pub fn cdf_svg(title: &str, rows: &[Row]) -> String {
-    let all: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| r.outcome.ttft.iter().copied())
-        .filter(|x| *x > 0.0)
-        .collect();
-    let (lo, hi) = (
-        quantile(&all, 0.0).max(1e-3).log10(),
-        quantile(&all, 1.0).max(1e-2).log10() + 0.05,
-    );
-    let x = |v: f64| 70.0 + (v.max(1e-3).log10() - lo) / (hi - lo) * 620.0;
-    let mut body = String::new();
-    for k in (lo.floor() as i32)..=(hi.ceil() as i32) {
-        let v = 10f64.powi(k);
-        if v.log10() >= lo && v.log10() <= hi {
-            let _ = write!(
-                body,
-                r#"<line x1="{0:.1}" y1="380" x2="{0:.1}" y2="385" stroke="black"/><text x="{0:.1}" y="398" text-anchor="middle">{1}</text>"#,
-                x(v),
-                v
-            );
-        }
+    #[test]
+    fn samples_are_stored_per_request_to_the_microsecond() {
+        let r = Row {
+            label: "p / s".into(),
+            load: 0.85,
+            outcome: Outcome {
+                ttft: vec![0.123_456_789, 2.0],
+                ttft_floor: vec![0.1, 0.000_000_4],
+                ..Outcome::default()
+            },
+        };
+        let j = row_json_with_samples(&r);
+        assert_eq!(j["ttft_samples_s"], json!([0.123457, 2.0]));
+        assert_eq!(j["ttft_floor_samples_s"], json!([0.1, 0.0]));
+        assert_eq!(j["variant"], "p / s");
+        assert_eq!(j["ttft_p99_s"], row_json(&r)["ttft_p99_s"]);
     }
-    for q in [0.0, 0.5, 0.9, 0.99, 1.0] {
-        let y = 380.0 - q * 330.0;
-        let _ = write!(
-            body,
-            r##"<line x1="66" y1="{y:.1}" x2="690" y2="{y:.1}" stroke="#eee"/><text x="62" y="{:.1}" text-anchor="end">{q}</text>"##,
-            y + 4.0
-        );
-    }
-    let mut legend = Vec::new();
-    for (i, r) in rows.iter().enumerate() {
-        let mut v = r.outcome.ttft.clone();
-        v.sort_by(f64::total_cmp);
-        let n = v.len().max(1);
-        let step = (n / 400).max(1);
-        let pts: String = (0..n)
-            .step_by(step)
-            .chain(std::iter::once(n - 1))
-            .filter_map(|k| {
-                v.get(k).map(|t| {
-                    format!(
-                        "{:.1},{:.1} ",
-                        x(*t),
-                        380.0 - (k + 1) as f64 / n as f64 * 330.0
-                    )
-                })
-            })
-            .collect();
-        let color = COLORS[i % COLORS.len()];
-        let _ = write!(
-            body,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>"#
-        );
-        legend.push((r.label.clone(), color));
-    }
-    svg_frame(
-        title,
-        "time to first token (s, log scale)",
-        "fraction of requests",
-        &body,
-        &legend,
-    )
-}
-
-/// p99 TTFT against load level, one line per variant (rows grouped by label).
-pub fn sweep_svg(title: &str, rows: &[Row]) -> String {
-    let mut labels: Vec<String> = Vec::new();
-    for r in rows {
-        if !labels.contains(&r.label) {
-            labels.push(r.label.clone());
-        }
-    }
-    let p99s: Vec<f64> = rows
-        .iter()
-        .map(|r| quantile(&r.outcome.ttft, 0.99))
-        .collect();
-    let (lmin, lmax) = rows.iter().fold((f64::MAX, f64::MIN), |(a, b), r| {
-        (a.min(r.load), b.max(r.load))
-    });
-    let ymax = p99s
-        .iter()
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold(0.0, f64::max)
-        .max(1e-3);
-    let x = |l: f64| 70.0 + (l - lmin) / (lmax - lmin).max(1e-9) * 620.0;
-    let y = |v: f64| 380.0 - (v / ymax).min(1.0) * 330.0;
-    let mut body = String::new();
-    for k in 0..=4 {
-        let v = ymax * k as f64 / 4.0;
-        let _ = write!(
-            body,
-            r##"<line x1="66" y1="{0:.1}" x2="690" y2="{0:.1}" stroke="#eee"/><text x="62" y="{1:.1}" text-anchor="end">{2:.2}</text>"##,
-            y(v),
-            y(v) + 4.0,
-            v
-        );
-    }
-    let mut legend = Vec::new();
-    for (i, l) in labels.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let pts: String = rows
-            .iter()
-            .zip(&p99s)
-            .filter(|(r, _)| &r.label == l)
-            .map(|(r, p)| format!("{:.1},{:.1} ", x(r.load), y(*p)))
-            .collect();
-        let _ = write!(
-            body,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>"#
-        );
-        legend.push((l.clone(), color));
-    }
-    for r in rows
-        .iter()
-        .filter(|r| &r.label == labels.first().unwrap_or(&String::new()))
-    {
-        let _ = write!(
-            body,
-            r#"<text x="{:.1}" y="398" text-anchor="middle">{:.2}</text>"#,
-            x(r.load),
-            r.load
-        );
-    }
-    svg_frame(
-        title,
-        "offered load (fraction of nominal capacity)",
-        "p99 TTFT (s)",
-        &body,
-        &legend,
-    )
 }

@@ -1,14 +1,16 @@
-//! `loadlink bench sim`: the discrete-event experiment on a named scenario, printed as a table and
-//! written as JSON and SVG.
+//! `loadlink bench sim|live|plot`: the discrete-event experiment or the live run on a named
+//! scenario, printed as a table and written as JSON and plots (SVG and PNG); `plot` redraws the
+//! plots of a results JSON.
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use loadlink_bench::report::{Row, cdf_svg, row_json, sweep_svg, table};
+use loadlink_bench::plot;
+use loadlink_bench::report::{Row, json_text, row_json, row_json_with_samples, table};
 use loadlink_bench::scenario::{self, Scenario, VARIANTS, by_name};
 use loadlink_engine::PublishPoint;
 use loadlink_router::LoadSignal;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -16,6 +18,15 @@ pub enum BenchCommand {
     Sim(SimArgs),
     /// Run a scenario live: real engine and router processes on loopback, time-compressed.
     Live(LiveArgs),
+    /// Redraw the plots of a results JSON beside it: the TTFT figure if its rows carry the raw
+    /// samples (live runs store them), the p99-vs-load figure if it has a sweep.
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+pub struct PlotArgs {
+    /// A JSON written by `bench sim` or `bench live`.
+    file: PathBuf,
 }
 
 /// Flags both experiments share.
@@ -35,7 +46,7 @@ pub struct Common {
     /// 0.5.23's overlap loop) or batch-end (SGLang's normal loop); see docs/engine.md.
     #[arg(long, default_value = "ingest", value_parser = PublishPoint::parse)]
     publish_point: PublishPoint,
-    /// Where to write the JSON and the SVG plots.
+    /// Where to write the JSON and the plots (SVG and PNG).
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }
@@ -98,6 +109,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
     let a = match c {
         BenchCommand::Sim(a) => a,
         BenchCommand::Live(l) => return live(l),
+        BenchCommand::Plot(p) => return replot(&p.file),
     };
     let (mut s, load) = a.common.scenario()?;
     if let Some(d) = a.duration {
@@ -121,13 +133,13 @@ pub fn run(c: BenchCommand) -> Result<()> {
         .collect();
     print!("{}", table(&rows));
     let mut doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
-    std::fs::write(
-        out.join(format!("{}-ttft-cdf.svg", stem(&s))),
-        cdf_svg(
-            &format!("{}: TTFT CDF (load {load:.2})", s.name.to_uppercase()),
-            &rows,
-        ),
-    )?;
+    let point = s.publish_point.as_str();
+    let mut plots = plot::ttft_cdf(
+        &out.join(format!("{}-ttft-cdf", stem(&s))),
+        &plot::ttft_title(s.name, false, point, load),
+        &rows,
+    )?
+    .to_vec();
     if a.sweep {
         let mut sweep = Vec::new();
         for l in [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0] {
@@ -143,21 +155,41 @@ pub fn run(c: BenchCommand) -> Result<()> {
         }
         eprintln!();
         doc["sweep"] = sweep.iter().map(row_json).collect();
-        std::fs::write(
-            out.join(format!("{}-p99-vs-load.svg", stem(&s))),
-            sweep_svg(
-                &format!("{}: p99 TTFT vs load", s.name.to_uppercase()),
-                &sweep,
-            ),
-        )?;
+        plots.extend(plot::p99_vs_load(
+            &out.join(format!("{}-p99-vs-load", stem(&s))),
+            &plot::sweep_title(s.name, point),
+            &sweep,
+        )?);
     }
     let path = out.join(format!("{}.json", stem(&s)));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    println!(
-        "wrote {} and the plots in {}",
-        path.display(),
-        out.display()
-    );
+    println!("wrote {}", names(&path, &plots));
+    Ok(())
+}
+
+/// `a.json, a-ttft-cdf.svg, a-ttft-cdf.png`: the JSON's full path, then the other files' names.
+fn names(json: &Path, others: &[PathBuf]) -> String {
+    std::iter::once(json.display().to_string())
+        .chain(others.iter().map(|p| {
+            p.file_name()
+                .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
+        }))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn replot(file: &Path) -> Result<()> {
+    let (wrote, skipped) =
+        plot::from_json(file).with_context(|| format!("plotting {}", file.display()))?;
+    for s in &skipped {
+        eprintln!("not drawn: {s}");
+    }
+    if wrote.is_empty() {
+        anyhow::bail!("nothing to plot in {}", file.display());
+    }
+    for p in &wrote {
+        println!("wrote {}", p.display());
+    }
     Ok(())
 }
 
@@ -196,16 +228,18 @@ fn live(a: LiveArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     eprintln!();
     print!("{}", table(&rows));
-    let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    // The raw samples go in too, so `bench plot` can redraw without a rerun.
+    let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
     let path = out.join(format!("{}-live{}.json", s.name, point_suffix(&s)));
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    std::fs::write(
-        out.join(format!("{}-live{}-ttft-cdf.svg", s.name, point_suffix(&s))),
-        cdf_svg(&format!("{} live: TTFT CDF", s.name.to_uppercase()), &rows),
+    std::fs::write(&path, json_text(&doc))?;
+    let plots = plot::ttft_cdf(
+        &out.join(format!("{}-live{}-ttft-cdf", s.name, point_suffix(&s))),
+        &plot::ttft_title(s.name, true, s.publish_point.as_str(), load),
+        &rows,
     )?;
     println!(
         "wrote {} ({:.0} s wall)",
-        path.display(),
+        names(&path, &plots),
         started.elapsed().as_secs_f64()
     );
     Ok(())
