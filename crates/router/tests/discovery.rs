@@ -2,10 +2,10 @@
 //! the router's `/workers` carries that reason (the same text `loadlink watch` prints), while the
 //! worker is still routed on in-flight.
 
-use loadlink_testkit::{router, worker_json};
 use loadlink_engine::{Engine, EngineConfig};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
+use loadlink_testkit::{router, worker_json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_shows_the_engines_own_decline_reason() {

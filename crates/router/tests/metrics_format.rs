@@ -2,9 +2,9 @@
 //! fallback, must parse under the strict `loadlink_wire::prom::parse` (one `# TYPE` per family, no
 //! interleaved samples, histograms well-formed) and carry the values the book holds.
 
-use loadlink_testkit::{http_worker, router, scrape, wait_for, worker_json};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
+use loadlink_testkit::{http_worker, router, scrape, wait_for, worker_json};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
