@@ -73,93 +73,32 @@ pub enum WireCommand {
 }
 
 pub fn run(cmd: WireCommand) -> Result<()> {
-    let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     match cmd {
-        WireCommand::Encode { kind } => {
-            for line in stdin.lock().lines() {
-                let line = line?;
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let v: Value = serde_json::from_str(&line).context("input line is not JSON")?;
-                let bytes = match kind {
-                    Kind::Snapshot => {
-                        snapshot_bytes(&snapshot_from_dict(&v).map_err(anyhow::Error::msg)?)
-                    }
-                    Kind::Stat => stat_bytes(&stat_from_json(&v)?),
-                    Kind::KvBatch => {
-                        kv_batch_bytes(&kv_batch_from_json(&v).map_err(anyhow::Error::msg)?)
-                    }
-                };
-                writeln!(out, "{}", hex(&bytes))?;
-            }
-        }
+        WireCommand::Encode { kind } => each_line(&mut out, |line| {
+            let v: Value = serde_json::from_str(line).context("input line is not JSON")?;
+            Ok(hex(&encode(kind, &v)?))
+        })?,
         WireCommand::Decode { kind } => {
-            for line in stdin.lock().lines() {
-                let line = line?;
-                let v = match (unhex(line.trim()), kind) {
-                    (Err(e), _) => json!({ "error": e }),
-                    (Ok(b), Kind::KvBatch) => match decode_kv_batch(&b) {
-                        Ok(batch) => kv_batch_to_json(&batch),
-                        Err(e) => json!({ "error": e.to_string() }),
-                    },
-                    (Ok(b), _) => match decode_payload(&b) {
-                        Ok(p) => payload_json(&p),
-                        Err(e) => json!({ "error": e.to_string() }),
-                    },
-                };
-                writeln!(out, "{v}")?;
-            }
+            each_line(&mut out, |line| Ok(decode(kind, line).to_string()))?
         }
-        WireCommand::Resolve => {
-            for line in stdin.lock().lines() {
-                let line = line?;
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let v: Value = serde_json::from_str(&line).context("input line is not JSON")?;
-                writeln!(out, "{}", resolve_json(&v)?)?;
-            }
-        }
+        WireCommand::Resolve => each_line(&mut out, |line| {
+            let v: Value = serde_json::from_str(line).context("input line is not JSON")?;
+            Ok(resolve_json(&v)?.to_string())
+        })?,
+        WireCommand::PageHashes { page_size } => each_line(&mut out, |line| {
+            let tokens: Vec<u32> =
+                serde_json::from_str(line).context("expected a JSON list of token ids")?;
+            Ok(json!(page_hashes(&tokens, page_size.max(1))).to_string())
+        })?,
         WireCommand::ShmWrite {
             path,
             dp_size,
             rank,
-        } => {
-            let mut input = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
-            let snap =
-                snapshot_from_dict(&serde_json::from_str(&input)?).map_err(anyhow::Error::msg)?;
-            let mut sink = loadlink_publish::ShmSink::open(&path, dp_size, rank, 1)?;
-            let bytes = snapshot_bytes(&snap);
-            let w = loadlink_publish::Encoded {
-                snapshot: &snap,
-                bytes: &bytes,
-            };
-            loadlink_publish::Sink::write(&mut sink, w)?;
-        }
-        WireCommand::PageHashes { page_size } => {
-            for line in stdin.lock().lines() {
-                let line = line?;
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let tokens: Vec<u32> =
-                    serde_json::from_str(&line).context("expected a JSON list of token ids")?;
-                let hashes = page_hashes(&tokens, page_size.max(1));
-                writeln!(out, "{}", json!(hashes))?;
-            }
-        }
+        } => shm_write(&path, dp_size, rank)?,
         WireCommand::ShmRead { path } => {
             for slot in loadlink_publish::read_slots(&path)? {
-                let v = match slot {
-                    None => Value::Null,
-                    Some(b) => match decode_payload(&b) {
-                        Ok(p) => payload_json(&p),
-                        Err(e) => json!({ "error": e.to_string() }),
-                    },
-                };
+                let v = slot.map_or(Value::Null, |b| load_json(&b));
                 writeln!(out, "{v}")?;
             }
         }
@@ -169,6 +108,59 @@ pub fn run(cmd: WireCommand) -> Result<()> {
             timeout,
         } => listen(&endpoint, count, timeout, &mut out)?,
     }
+    Ok(())
+}
+
+/// Maps every non-empty stdin line to one output line.
+fn each_line(out: &mut impl Write, mut f: impl FnMut(&str) -> Result<String>) -> Result<()> {
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            writeln!(out, "{}", f(line.trim())?)?;
+        }
+    }
+    Ok(())
+}
+
+fn encode(kind: Kind, v: &Value) -> Result<Vec<u8>> {
+    Ok(match kind {
+        Kind::Snapshot => snapshot_bytes(&snapshot_from_dict(v).map_err(anyhow::Error::msg)?),
+        Kind::Stat => stat_bytes(&stat_from_json(v)?),
+        Kind::KvBatch => kv_batch_bytes(&kv_batch_from_json(v).map_err(anyhow::Error::msg)?),
+    })
+}
+
+/// One hex payload as JSON, or `{"error": …}` naming what is wrong with it.
+fn decode(kind: Kind, line: &str) -> Value {
+    match (unhex(line), kind) {
+        (Err(e), _) => json!({ "error": e }),
+        (Ok(b), Kind::KvBatch) => match decode_kv_batch(&b) {
+            Ok(batch) => kv_batch_to_json(&batch),
+            Err(e) => json!({ "error": e.to_string() }),
+        },
+        (Ok(b), _) => load_json(&b),
+    }
+}
+
+/// A load payload of either generation as JSON (or its error).
+fn load_json(bytes: &[u8]) -> Value {
+    match decode_payload(bytes) {
+        Ok(p) => payload_json(&p),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+}
+
+fn shm_write(path: &std::path::Path, dp_size: u16, rank: u32) -> Result<()> {
+    let mut input = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
+    let snap = snapshot_from_dict(&serde_json::from_str(&input)?).map_err(anyhow::Error::msg)?;
+    let mut sink = loadlink_publish::ShmSink::open(path, dp_size, rank, 1)?;
+    let bytes = snapshot_bytes(&snap);
+    let w = loadlink_publish::Encoded {
+        snapshot: &snap,
+        bytes: &bytes,
+    };
+    loadlink_publish::Sink::write(&mut sink, w)?;
     Ok(())
 }
 

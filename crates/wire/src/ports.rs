@@ -155,13 +155,43 @@ pub fn resolve_load_range(req: RangeRequest<'_>) -> Result<LoadRange, Declined> 
         return Err(Declined::quiet());
     }
     let kv = req.kv.filter(|k| k.is_active());
-    let kv_endpoint = kv.map(|k| k.endpoint.as_str());
-    let replay_endpoint = kv.and_then(|k| k.replay_endpoint.as_deref());
-    let dp = req.dp_size;
-
+    let endpoints = KvPorts {
+        kv: kv.map(|k| k.endpoint.as_str()),
+        replay: kv.and_then(|k| k.replay_endpoint.as_deref()),
+        dp: req.dp_size,
+    };
     let (host, base) = if auto {
-        let Some(kv_endpoint) = kv_endpoint else {
-            return Err(match req.generation {
+        endpoints.auto_range(req.generation)?
+    } else {
+        endpoints.explicit_range(mode)?
+    };
+    let dp = req.dp_size;
+    if base + dp - 1 > 65535 {
+        return Err(Declined::because(format!(
+            "load port range from {base} would run past the u16 ceiling (dp_size {dp})"
+        )));
+    }
+    Ok(LoadRange {
+        host,
+        base: base as u16,
+        dp_size: dp as u16,
+        generation: req.generation,
+    })
+}
+
+/// The KV-events and replay endpoints a load range must be placed beside.
+struct KvPorts<'a> {
+    kv: Option<&'a str>,
+    replay: Option<&'a str>,
+    dp: u32,
+}
+
+impl KvPorts<'_> {
+    /// `auto` (and generation A's default): pack the range after the KV-events range.
+    fn auto_range(&self, generation: Generation) -> Result<(String, u32), Declined> {
+        let dp = self.dp;
+        let Some(kv_endpoint) = self.kv else {
+            return Err(match generation {
                 // Generation A is on by default: no KV publisher simply means no range.
                 Generation::Snapshot => Declined::quiet(),
                 Generation::LoadStat => Declined::because(
@@ -178,8 +208,8 @@ pub fn resolve_load_range(req: RangeRequest<'_>) -> Result<LoadRange, Declined> 
             )));
         };
         let mut base = kv_ep.port as u32 + dp;
-        if let Some(replay) = port_of(replay_endpoint).filter(|&r| overlaps(base, r, dp)) {
-            match req.generation {
+        if let Some(replay) = port_of(self.replay).filter(|&r| overlaps(base, r, dp)) {
+            match generation {
                 Generation::LoadStat => base = replay + dp,
                 Generation::Snapshot => {
                     return Err(Declined::because(format!(
@@ -191,10 +221,14 @@ pub fn resolve_load_range(req: RangeRequest<'_>) -> Result<LoadRange, Declined> 
                 }
             }
         }
-        (kv_ep.host, base)
-    } else {
-        if port_of(kv_endpoint).is_none() {
-            let absent = match kv_endpoint {
+        Ok((kv_ep.host, base))
+    }
+
+    /// An explicit `tcp://*:PORT`: the range starts there, clear of the KV and replay ranges.
+    fn explicit_range(&self, mode: &str) -> Result<(String, u32), Declined> {
+        let dp = self.dp;
+        if port_of(self.kv).is_none() {
+            let absent = match self.kv {
                 None => "without --kv-events-config".to_string(),
                 Some(e) => format!("for endpoint {e:?}"),
             };
@@ -212,8 +246,8 @@ pub fn resolve_load_range(req: RangeRequest<'_>) -> Result<LoadRange, Declined> 
         };
         let base = ep.port as u32;
         for (what, port) in [
-            ("kv-events", port_of(kv_endpoint)),
-            ("replay", port_of(replay_endpoint)),
+            ("kv-events", port_of(self.kv)),
+            ("replay", port_of(self.replay)),
         ] {
             if let Some(p) = port.filter(|&p| overlaps(base, p, dp)) {
                 return Err(Declined::because(format!(
@@ -223,19 +257,8 @@ pub fn resolve_load_range(req: RangeRequest<'_>) -> Result<LoadRange, Declined> 
                 )));
             }
         }
-        (ep.host, base)
-    };
-    if base + dp - 1 > 65535 {
-        return Err(Declined::because(format!(
-            "load port range from {base} would run past the u16 ceiling (dp_size {dp})"
-        )));
+        Ok((ep.host, base))
     }
-    Ok(LoadRange {
-        host,
-        base: base as u16,
-        dp_size: dp as u16,
-        generation: req.generation,
-    })
 }
 
 #[cfg(test)]

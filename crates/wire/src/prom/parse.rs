@@ -141,114 +141,144 @@ fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
 /// `# TYPE`, a family declared twice or resumed after another began, a repeated series, malformed
 /// names, labels or values, and histograms without `+Inf` or with decreasing buckets.
 pub fn parse(text: &str) -> Result<Scrape, ParseError> {
-    let mut scrape = Scrape::default();
-    let mut pending_help: Option<(String, String)> = None;
+    let mut p = PageParser::default();
     for (i, raw) in text.lines().enumerate() {
-        let err = |message: String| ParseError {
+        let line = raw.trim();
+        let result = match line.strip_prefix('#') {
+            _ if line.is_empty() => Ok(()),
+            Some(comment) => p.comment(comment),
+            None => p.sample(line),
+        };
+        result.map_err(|message| ParseError {
             line: i + 1,
             message,
-        };
-        let line = raw.trim();
-        if line.is_empty() {
-            continue;
-        }
-        if let Some(comment) = line.strip_prefix('#') {
-            let mut parts = comment.trim_start().splitn(3, ' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some("TYPE"), Some(name), Some(ty)) => {
-                    let ty = MetricType::parse(ty.trim())
-                        .ok_or_else(|| err(format!("unknown type {ty:?} for {name}")))?;
-                    if !valid_name(name, true) {
-                        return Err(err(format!("invalid metric name {name:?}")));
-                    }
-                    if scrape.family(name).is_some() {
-                        return Err(err(format!("second # TYPE for {name}")));
-                    }
-                    let help = match pending_help.take() {
-                        Some((n, h)) if n == name => Some(h),
-                        Some((n, _)) => {
-                            return Err(err(format!("# HELP for {n} not followed by its # TYPE")));
-                        }
-                        None => None,
-                    };
-                    scrape.families.push(Family {
-                        name: name.to_string(),
-                        ty,
-                        help,
-                        samples: Vec::new(),
-                    });
-                }
-                (Some("HELP"), Some(name), help) => {
-                    if pending_help.is_some() || scrape.family(name).is_some() {
-                        return Err(err(format!("# HELP for {name} out of place")));
-                    }
-                    pending_help = Some((name.to_string(), help.unwrap_or("").to_string()));
-                }
-                _ => {} // a plain comment
-            }
-            continue;
-        }
-        let name_end = line
-            .find(|c: char| c == '{' || c.is_whitespace())
-            .unwrap_or(line.len());
-        let name = &line[..name_end];
-        if !valid_name(name, true) {
-            return Err(err(format!("invalid metric name {name:?}")));
-        }
-        let (labels, rest) = match line[name_end..].trim_start().strip_prefix('{') {
-            Some(r) => parse_labels(r).map_err(err)?,
-            None => (Vec::new(), &line[name_end..]),
-        };
-        let mut fields = rest.split_whitespace();
-        let value = fields
-            .next()
-            .and_then(parse_value)
-            .ok_or_else(|| err(format!("{name}: missing or malformed value")))?;
-        if let Some(ts) = fields.next()
-            && ts.parse::<i64>().is_err()
-        {
-            return Err(err(format!("{name}: malformed timestamp {ts:?}")));
-        }
-        if fields.next().is_some() {
-            return Err(err(format!("{name}: trailing text after the value")));
-        }
-        let Some(fam) = scrape.families.last_mut().filter(|f| belongs(name, f)) else {
-            return Err(err(
-                match scrape.families.iter().find(|f| belongs(name, f)) {
-                    Some(f) => format!("sample {name} after family {} was closed", f.name),
-                    None => format!("sample {name} has no # TYPE before it"),
-                },
-            ));
-        };
-        let mut key = labels.clone();
-        key.sort();
-        if fam.samples.iter().any(|s| {
-            let mut k = s.labels.clone();
-            k.sort();
-            s.name == name && k == key
-        }) {
-            return Err(err(format!("series {name}{labels:?} repeated")));
-        }
-        fam.samples.push(Sample {
-            name: name.to_string(),
-            labels,
-            value,
-        });
+        })?;
     }
-    if let Some((n, _)) = pending_help {
+    if let Some((n, _)) = p.pending_help {
         return Err(ParseError {
             line: text.lines().count(),
             message: format!("# HELP for {n} without # TYPE"),
         });
     }
-    for f in scrape
+    for f in p
+        .scrape
         .families
         .iter()
         .filter(|f| f.ty == MetricType::Histogram)
     {
         check_histogram(f).map_err(|message| ParseError { line: 0, message })?;
     }
-    Ok(scrape)
+    Ok(p.scrape)
+}
+
+/// The page read so far, and a `# HELP` waiting for its `# TYPE`.
+#[derive(Default)]
+struct PageParser {
+    scrape: Scrape,
+    pending_help: Option<(String, String)>,
+}
+
+impl PageParser {
+    /// A `# …` line: `TYPE` opens a family, `HELP` precedes one, anything else is a comment.
+    fn comment(&mut self, comment: &str) -> Result<(), String> {
+        let mut parts = comment.trim_start().splitn(3, ' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("TYPE"), Some(name), Some(ty)) => self.open_family(name, ty.trim()),
+            (Some("HELP"), Some(name), help) => {
+                if self.pending_help.is_some() || self.scrape.family(name).is_some() {
+                    return Err(format!("# HELP for {name} out of place"));
+                }
+                self.pending_help = Some((name.to_string(), help.unwrap_or("").to_string()));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn open_family(&mut self, name: &str, ty: &str) -> Result<(), String> {
+        let ty = MetricType::parse(ty).ok_or_else(|| format!("unknown type {ty:?} for {name}"))?;
+        if !valid_name(name, true) {
+            return Err(format!("invalid metric name {name:?}"));
+        }
+        if self.scrape.family(name).is_some() {
+            return Err(format!("second # TYPE for {name}"));
+        }
+        let help = match self.pending_help.take() {
+            Some((n, h)) if n == name => Some(h),
+            Some((n, _)) => return Err(format!("# HELP for {n} not followed by its # TYPE")),
+            None => None,
+        };
+        self.scrape.families.push(Family {
+            name: name.to_string(),
+            ty,
+            help,
+            samples: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// A sample line: it must belong to the family opened last, and be new in it.
+    fn sample(&mut self, line: &str) -> Result<(), String> {
+        let sample = parse_sample(line)?;
+        let name = sample.name.as_str();
+        let Some(fam) = self.scrape.families.last_mut().filter(|f| belongs(name, f)) else {
+            return Err(
+                match self.scrape.families.iter().find(|f| belongs(name, f)) {
+                    Some(f) => format!("sample {name} after family {} was closed", f.name),
+                    None => format!("sample {name} has no # TYPE before it"),
+                },
+            );
+        };
+        let key = sorted(&sample.labels);
+        if fam
+            .samples
+            .iter()
+            .any(|s| s.name == sample.name && sorted(&s.labels) == key)
+        {
+            return Err(format!("series {name}{:?} repeated", sample.labels));
+        }
+        fam.samples.push(sample);
+        Ok(())
+    }
+}
+
+fn sorted(labels: &Labels) -> Labels {
+    let mut l = labels.clone();
+    l.sort();
+    l
+}
+
+/// `name{labels} value [timestamp]`.
+fn parse_sample(line: &str) -> Result<Sample, String> {
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(line.len());
+    let name = &line[..name_end];
+    if !valid_name(name, true) {
+        return Err(format!("invalid metric name {name:?}"));
+    }
+    let (labels, rest) = match line[name_end..].trim_start().strip_prefix('{') {
+        Some(r) => parse_labels(r)?,
+        None => (Vec::new(), &line[name_end..]),
+    };
+    let mut fields = rest.split_whitespace();
+    let value = fields
+        .next()
+        .and_then(parse_value)
+        .ok_or_else(|| format!("{name}: missing or malformed value"))?;
+    if let Some(ts) = fields.next()
+        && ts.parse::<i64>().is_err()
+    {
+        return Err(format!("{name}: malformed timestamp {ts:?}"));
+    }
+    if fields.next().is_some() {
+        return Err(format!("{name}: trailing text after the value"));
+    }
+    Ok(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
 }
 
 fn check_histogram(f: &Family) -> Result<(), String> {
