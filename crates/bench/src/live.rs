@@ -294,7 +294,7 @@ async fn drive_traffic(
         let floor = *floors
             .entry(a.prompt_tokens)
             .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
-        let body = serde_json::json!({ "input_ids": vec![1u32; a.prompt_tokens as usize], "max_tokens": a.output_tokens, "stream": true });
+        let body = serde_json::json!({ "input_ids": a.prompt_ids(i), "max_tokens": a.output_tokens, "stream": true });
         let sent = send_one(client.clone(), at, url, body);
         tasks.push(tokio::spawn(async move {
             sent.await.map(|(ttft, e2e)| (ttft * k, e2e * k, floor))

@@ -254,7 +254,7 @@ impl Sim<'_> {
     }
 
     fn arrive(&mut self, i: usize, t: f64) {
-        let a = self.arrivals[i];
+        let a = &self.arrivals[i];
         let n = self.engines.len();
         let engine = if a.direct {
             match self.cfg.direct {
@@ -282,10 +282,9 @@ impl Sim<'_> {
         self.reqs[i].arrived = t;
         self.reqs[i].engine = engine;
         self.out.submitted += 1;
-        let submit = Submit {
-            id: i as u64,
-            prompt_tokens: a.prompt_tokens,
-            max_new_tokens: a.output_tokens,
+        let submit = match &a.prompt {
+            Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
+            None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
         };
         let started = self.engines[engine].arrive(submit, t);
         self.advance(engine, t, started);
@@ -355,11 +354,7 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
 /// Time to the first token of a lone request with `prompt` tokens on an idle engine.
 pub fn isolated_ttft(m: ModelConfig, prompt: u64) -> f64 {
     let mut s = Scheduler::new(m);
-    s.submit(Submit {
-        id: 0,
-        prompt_tokens: prompt,
-        max_new_tokens: 2,
-    });
+    s.submit(Submit::counted(0, prompt, 2));
     let mut t = 0.0;
     loop {
         let step = s.step(t);

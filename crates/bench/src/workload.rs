@@ -2,6 +2,8 @@
 //! log-normal prompt and output lengths (or a JSONL trace), a streaming fraction and a fraction of
 //! traffic sent directly to engines, bypassing every router.
 
+use std::sync::Arc;
+
 /// A small, fast, seedable generator (xoshiro256** seeded by splitmix64). Own code so a seed means
 /// the same numbers forever, whatever a dependency does.
 #[derive(Debug, Clone)]
@@ -54,7 +56,7 @@ impl Rng {
 }
 
 /// One request of a workload.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Arrival {
     /// Seconds from the start.
     pub t: f64,
@@ -63,6 +65,25 @@ pub struct Arrival {
     pub stream: bool,
     /// Sent straight to an engine, bypassing the routers.
     pub direct: bool,
+    /// The prompt's token ids, for workloads with prefix reuse; `None`: every prompt is unique
+    /// (only its length matters).
+    pub prompt: Option<Arc<[u32]>>,
+}
+
+impl Arrival {
+    /// The token ids to send for request number `index`: the workload's own, or ids unique to
+    /// this request (so an engine's prefix cache finds nothing to reuse, as the workload intends).
+    pub fn prompt_ids(&self, index: usize) -> Vec<u32> {
+        match &self.prompt {
+            Some(p) => p.to_vec(),
+            None => {
+                let mut rng = Rng::new(0x1d5 ^ (index as u64).wrapping_mul(0x9e37_79b9));
+                (0..self.prompt_tokens)
+                    .map(|_| 16 + (rng.next_u64() % ((1 << 17) - 16)) as u32)
+                    .collect()
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,6 +160,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<Arrival> {
             ),
             stream: rng.unit() < spec.stream_fraction,
             direct: rng.unit() < spec.direct_fraction,
+            prompt: None,
         });
     }
     out
@@ -181,6 +203,7 @@ pub fn read_trace(text: &str) -> Result<Vec<Arrival>, String> {
                 .get("direct")
                 .and_then(serde_json::Value::as_bool)
                 .unwrap_or(false),
+            prompt: None,
         });
     }
     out.sort_by(|a, b| a.t.total_cmp(&b.t));

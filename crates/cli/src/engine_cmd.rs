@@ -49,6 +49,10 @@ pub struct EngineArgs {
     /// Run the timing model this many times faster than real time.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Tokens per KV page: the prefix cache caches whole pages, and KV events announce one block
+    /// per page (the descriptor's block_size; routers hash prompts at this size).
+    #[arg(long, default_value_t = loadlink_engine::model::DEFAULT_PAGE_SIZE)]
+    page_size: usize,
     /// Fraction of a running request's remaining output reserved at admission.
     #[arg(long, default_value_t = 0.5)]
     new_token_ratio: f64,
@@ -94,6 +98,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
             max_total_tokens: a.max_total_tokens.max(1),
             chunked_prefill_size: a.chunked_prefill_size.max(1),
             new_token_ratio: a.new_token_ratio,
+            page_size: a.page_size.max(1),
             timing: Timing {
                 base_us: a.step_base_us,
                 per_prefill_token_us: a.step_per_prefill_token_us,
@@ -108,7 +113,6 @@ pub fn run(a: EngineArgs) -> Result<()> {
         generation: a.load_wire,
         max_body_bytes: a.max_body_bytes,
         model_name: a.model_name,
-        page_size: 16,
         publish_point: a.publish_point,
     };
     let rt = crate::runtime()?;

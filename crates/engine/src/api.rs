@@ -1,12 +1,15 @@
 //! Request bodies of the OpenAI-compatible and SGLang-native routes, parsed by hand so every
 //! error names the field and the expected form (a 400 a client can act on).
 //!
-//! Token counts: `input_ids` (or a token-id `prompt`) is exact; text is estimated as one token per
-//! 4 characters (rounded up, at least 1), the usual rule of thumb for English BPE tokenizers; chat
-//! adds 3 tokens of template per message. The simulator has no EOS: it generates exactly
-//! `max_tokens` (so `ignore_eos` is accepted and changes nothing).
+//! Prompts become token ids: `input_ids` (or a token-id `prompt`) are taken as given; text goes
+//! through the engine's deterministic tokenizer and chat through its template
+//! ([`crate::tokenize`]: one token per 4 characters, 3 template tokens per message plus 2 for the
+//! generation prompt). The ids feed the prefix cache. The simulator has no EOS: it generates
+//! exactly `max_tokens` (so `ignore_eos` is accepted and changes nothing).
 
+use crate::tokenize::{render_chat, tokenize_into};
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// Which surface the request came in on (decides the response shape).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +24,9 @@ pub enum Route {
 pub struct GenRequest {
     pub route: Route,
     pub model: Option<String>,
+    /// The prompt's token ids.
+    pub prompt: Arc<[u32]>,
+    /// Their count (at least 1: an empty prompt still costs a step).
     pub prompt_tokens: u64,
     pub max_tokens: u64,
     pub stream: bool,
@@ -31,8 +37,14 @@ pub struct GenRequest {
 /// Upper bound on `max_tokens` (a simulator guard against absurd values).
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 
-fn text_tokens(s: &str) -> u64 {
-    (s.chars().count() as u64).div_ceil(4).max(1)
+fn text_ids(parts: &[&str]) -> Vec<u32> {
+    let mut out = Vec::new();
+    parts.iter().for_each(|p| tokenize_into(p, &mut out));
+    out
+}
+
+fn count(ids: &[u32]) -> u64 {
+    (ids.len() as u64).max(1)
 }
 
 fn obj(body: &[u8]) -> Result<Map<String, Value>, String> {
@@ -64,16 +76,14 @@ fn boolean(m: &Map<String, Value>, key: &str) -> Result<bool, String> {
     }
 }
 
-fn token_ids(key: &str, v: &Value) -> Result<u64, String> {
+fn token_ids(key: &str, v: &Value) -> Result<Vec<u32>, String> {
     let a = v
         .as_array()
         .ok_or_else(|| format!("{key}: expected a list of token ids"))?;
-    if a.iter().any(|x| !x.is_u64()) {
-        return Err(format!(
-            "{key}: expected a list of non-negative integer token ids"
-        ));
-    }
-    Ok((a.len() as u64).max(1))
+    a.iter()
+        .map(|x| x.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| format!("{key}: expected a list of integer token ids from 0 to 4294967295"))
 }
 
 fn model(m: &Map<String, Value>) -> Result<Option<String>, String> {
@@ -95,7 +105,7 @@ fn include_usage(m: &Map<String, Value>) -> bool {
 pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
     let m = obj(body)?;
     boolean(&m, "ignore_eos")?;
-    let prompt_tokens = if let Some(ids) = m.get("input_ids") {
+    let ids = if let Some(ids) = m.get("input_ids") {
         token_ids("input_ids", ids)?
     } else {
         match m.get("prompt") {
@@ -104,9 +114,9 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
                     "prompt: required (a string, a list of strings, or a list of token ids)".into(),
                 );
             }
-            Some(Value::String(s)) => text_tokens(s),
+            Some(Value::String(s)) => text_ids(&[s]),
             Some(Value::Array(a)) if a.iter().all(Value::is_string) && !a.is_empty() => {
-                a.iter().filter_map(Value::as_str).map(text_tokens).sum()
+                text_ids(&a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
             }
             Some(v @ Value::Array(_)) => token_ids("prompt", v)?,
             Some(v) => return Err(format!("prompt: expected a string or a list, got {v}")),
@@ -115,7 +125,8 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
     Ok(GenRequest {
         route: Route::Completions,
         model: model(&m)?,
-        prompt_tokens,
+        prompt_tokens: count(&ids),
+        prompt: ids.into(),
         max_tokens: uint(&m, "max_tokens", 16)?,
         stream: boolean(&m, "stream")?,
         include_usage: include_usage(&m),
@@ -134,31 +145,32 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
         }
         Some(v) => return Err(format!("messages: expected a list, got {v}")),
     };
-    let mut prompt_tokens = 0;
+    let mut rendered: Vec<(&str, String)> = Vec::with_capacity(msgs.len());
     for (i, msg) in msgs.iter().enumerate() {
         let Some(o) = msg.as_object() else {
             return Err(format!(
                 "messages[{i}]: expected an object with role and content"
             ));
         };
-        if !o.get("role").is_some_and(Value::is_string) {
+        let Some(role) = o.get("role").and_then(Value::as_str) else {
             return Err(format!("messages[{i}].role: required string"));
-        }
-        prompt_tokens += 3 + match o.get("content") {
-            Some(Value::String(s)) => text_tokens(s),
+        };
+        let content = match o.get("content") {
+            Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => parts
                 .iter()
                 .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .map(text_tokens)
-                .sum(),
-            None | Some(Value::Null) => 0,
+                .collect(),
+            None | Some(Value::Null) => String::new(),
             Some(v) => {
                 return Err(format!(
                     "messages[{i}].content: expected a string or a list of parts, got {v}"
                 ));
             }
         };
+        rendered.push((role, content));
     }
+    let ids = render_chat(rendered.iter().map(|(r, c)| (*r, c.as_str())));
     let max_tokens = match m.get("max_completion_tokens") {
         Some(v) if !v.is_null() => uint(&m, "max_completion_tokens", 128)?,
         _ => uint(&m, "max_tokens", 128)?,
@@ -166,7 +178,8 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
     Ok(GenRequest {
         route: Route::Chat,
         model: model(&m)?,
-        prompt_tokens,
+        prompt_tokens: count(&ids),
+        prompt: ids.into(),
         max_tokens,
         stream: boolean(&m, "stream")?,
         include_usage: include_usage(&m),
@@ -176,9 +189,9 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
 /// `/generate` (SGLang native): `text` or `input_ids`, `sampling_params.max_new_tokens`.
 pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
     let m = obj(body)?;
-    let prompt_tokens = match (m.get("input_ids"), m.get("text")) {
+    let ids = match (m.get("input_ids"), m.get("text")) {
         (Some(ids), _) if !ids.is_null() => token_ids("input_ids", ids)?,
-        (_, Some(Value::String(s))) => text_tokens(s),
+        (_, Some(Value::String(s))) => text_ids(&[s]),
         (_, Some(v)) if !v.is_null() => return Err(format!("text: expected a string, got {v}")),
         _ => return Err("text or input_ids: one is required".into()),
     };
@@ -193,7 +206,8 @@ pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
     Ok(GenRequest {
         route: Route::Generate,
         model: None,
-        prompt_tokens,
+        prompt_tokens: count(&ids),
+        prompt: ids.into(),
         max_tokens,
         stream: boolean(&m, "stream")?,
         include_usage: true,
@@ -221,8 +235,14 @@ mod tests {
                 .prompt_tokens,
             2
         );
+        // <start> <user> abcd <end> <start> <assistant>
         let c = parse_chat(br#"{"messages":[{"role":"user","content":"abcd"}]}"#).unwrap();
-        assert_eq!((c.prompt_tokens, c.max_tokens), (4, 128));
+        assert_eq!((c.prompt_tokens, c.max_tokens), (6, 128));
+        assert!(
+            parse_completions(br#"{"prompt":[4294967296]}"#)
+                .unwrap_err()
+                .contains("4294967295")
+        );
         let g = parse_generate(br#"{"text":"abcdefgh","sampling_params":{"max_new_tokens":7}}"#)
             .unwrap();
         assert_eq!((g.prompt_tokens, g.max_tokens), (2, 7));

@@ -41,8 +41,6 @@ pub struct EngineConfig {
     pub generation: Generation,
     pub max_body_bytes: usize,
     pub model_name: String,
-    /// KV block size advertised in the descriptor (SGLang's page size).
-    pub page_size: i64,
     /// Where in the scheduler cycle each rank publishes.
     pub publish_point: PublishPoint,
 }
@@ -61,7 +59,6 @@ impl Default for EngineConfig {
             generation: Generation::Snapshot,
             max_body_bytes: 4 << 20,
             model_name: "loadlink-sim".into(),
-            page_size: 16,
             publish_point: PublishPoint::default(),
         }
     }
@@ -211,7 +208,7 @@ fn open_slots(path: &Path) -> Result<ShmReader, EngineError> {
 
 fn log_endpoints(cfg: &EngineConfig, settings: &EngineSettings, local: SocketAddr) {
     match settings
-        .advertise(cfg.page_size)
+        .advertise(cfg.model.page_size as i64)
         .and_then(|d| d.load_endpoint_port_base)
     {
         Some(base) => tracing::info!(

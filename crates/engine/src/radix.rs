@@ -70,6 +70,7 @@ pub struct PathLock {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
     pub cached_tokens: u64,
+    /// Tokens of pages no running request holds (SGLang's `evictable_size`).
     pub evictable_tokens: u64,
     pub pages_stored: u64,
     pub pages_removed: u64,
@@ -82,7 +83,8 @@ pub struct PrefixCache {
     /// Unlocked leaves by (last access, hash): the eviction order.
     evictable: BTreeSet<(u64, i64)>,
     tick: u64,
-    evictable_pages: u64,
+    /// Pages no running request holds (leaves or not): evictable, sooner or later.
+    unlocked_pages: u64,
     pages_stored: u64,
     pages_removed: u64,
     events: Vec<KvEvent>,
@@ -97,7 +99,7 @@ impl PrefixCache {
             nodes: HashMap::new(),
             evictable: BTreeSet::new(),
             tick: 0,
-            evictable_pages: 0,
+            unlocked_pages: 0,
             pages_stored: 0,
             pages_removed: 0,
             events: Vec::new(),
@@ -113,7 +115,7 @@ impl PrefixCache {
         let p = self.page_size as u64;
         CacheStats {
             cached_tokens: self.nodes.len() as u64 * p,
-            evictable_tokens: self.evictable_pages * p,
+            evictable_tokens: self.unlocked_pages * p,
             pages_stored: self.pages_stored,
             pages_removed: self.pages_removed,
         }
@@ -180,8 +182,14 @@ impl PrefixCache {
                 return;
             };
             let was = Self::is_leaf_unlocked(n);
+            let was_unlocked = n.lock == 0;
             n.lock = n.lock.saturating_add_signed(delta);
             let now = Self::is_leaf_unlocked(n);
+            match (was_unlocked, n.lock == 0) {
+                (true, false) => self.unlocked_pages -= 1,
+                (false, true) => self.unlocked_pages += 1,
+                _ => {}
+            }
             let (key, parent) = ((n.last_access, h), n.parent);
             self.set_evictable(key, was, now);
             cur = parent;
@@ -192,11 +200,9 @@ impl PrefixCache {
         match (was, now) {
             (false, true) => {
                 self.evictable.insert(key);
-                self.evictable_pages += 1;
             }
             (true, false) => {
                 self.evictable.remove(&key);
-                self.evictable_pages -= 1;
             }
             _ => {}
         }
@@ -233,6 +239,7 @@ impl PrefixCache {
                     },
                 );
                 self.set_evictable((self.tick, h), false, true);
+                self.unlocked_pages += 1;
                 if stored.block_hashes.is_empty() {
                     stored.parent_block_hash = parent;
                 } else if stored.block_hashes.last() != parent.as_ref() {
@@ -284,10 +291,10 @@ impl PrefixCache {
             let Some((_, h)) = self.evictable.pop_first() else {
                 break;
             };
-            self.evictable_pages -= 1;
             let Some(n) = self.nodes.remove(&h) else {
                 continue;
             };
+            self.unlocked_pages -= 1;
             removed.push(h);
             freed += self.page_size as u64;
             if let Some(ph) = n.parent
@@ -406,9 +413,18 @@ mod tests {
         assert!(cb.hashes.iter().all(|&h| c.contains(h)));
         assert_eq!(c.stats().evictable_tokens, 0);
         c.unlock(lock_b);
-        // Only b's leaf is evictable; its first page has a child.
-        assert_eq!(c.stats().evictable_tokens, 2);
+        // Both of b's pages are evictable again (the first once its child is gone).
+        assert_eq!(c.stats().evictable_tokens, 4);
         assert_eq!(c.stats().cached_tokens, 4);
+        assert_eq!(c.evict(u64::MAX), 4);
+        assert_eq!(
+            c.stats(),
+            CacheStats {
+                pages_stored: 6,
+                pages_removed: 6,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use loadlink_wire::Generation;
 use loadlink_wire::loads::{Include, LoadsMeta, iso8601, render_json, render_prometheus};
 use serde_json::{Value, json};
@@ -17,6 +18,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::sync::mpsc::unbounded_channel;
+
+/// Oversized bodies up to this size are read and discarded before the 413 goes out.
+const DRAIN_LIMIT: usize = 16 << 20;
 
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Response> {
     let too_big = || {
@@ -29,7 +33,13 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        // Read (and drop) a moderately oversized body before answering, so the client is not
+        // still writing when the connection closes and does see the 413.
+        if n <= DRAIN_LIMIT {
+            let mut stream = body.into_data_stream();
+            while let Some(Ok(_)) = stream.next().await {}
+        }
         return Err(too_big());
     }
     axum::body::to_bytes(body, limit)
@@ -59,11 +69,12 @@ pub(crate) async fn generate(
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let rank = st.dispatcher.pick_rank();
     let (tx, rx) = unbounded_channel();
-    let submit = Submit {
-        id,
-        prompt_tokens: req.prompt_tokens,
-        max_new_tokens: req.max_tokens.max(1),
+    let submit = if req.prompt.is_empty() {
+        Submit::counted(id, req.prompt_tokens, req.max_tokens.max(1))
+    } else {
+        Submit::tokens(id, req.prompt.clone(), req.max_tokens.max(1))
     };
+    let prompt_tokens = submit.prompt_tokens;
     let commands = st.ranks[rank].commands.clone();
     if commands.send(Command::Submit(submit, tx)).is_err() {
         return error(
@@ -85,7 +96,7 @@ pub(crate) async fn generate(
         req,
         model: st.cfg.model_name.clone(),
         created: wall_now() as u64,
-        prompt_tokens: submit.prompt_tokens,
+        prompt_tokens,
     };
     if reply.req.stream {
         stream_response(reply, rx, guard)
@@ -100,9 +111,12 @@ pub(crate) async fn models(State(st): State<Arc<AppState>>) -> Response {
 
 pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
     let c = &st.cfg;
-    let kv = st.settings.advertise(c.page_size).map_or(Value::Null, |d| {
-        serde_json::to_value(d).unwrap_or(Value::Null)
-    });
+    let kv = st
+        .settings
+        .advertise(c.model.page_size as i64)
+        .map_or(Value::Null, |d| {
+            serde_json::to_value(d).unwrap_or(Value::Null)
+        });
     axum::Json(json!({
         "model_path": c.model_name,
         "served_model_name": c.model_name,
@@ -111,7 +125,7 @@ pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
         "max_running_requests": c.model.max_running_requests,
         "max_total_num_tokens": c.model.max_total_tokens,
         "chunked_prefill_size": c.model.chunked_prefill_size,
-        "page_size": c.page_size,
+        "page_size": c.model.page_size,
         "kv_events_config": c.kv_events_config,
         "load_publish_endpoint": c.load_publish_endpoint,
         "load_wire": match c.generation { Generation::Snapshot => "snapshot", Generation::LoadStat => "loadstat" },

@@ -78,7 +78,7 @@ async fn every_route_answers_json_and_sse_with_usage() {
         assert_eq!(
             usage["prompt_tokens"],
             if *path == "/v1/chat/completions" {
-                4
+                6 // <start> <user> abcd <end>, then the generation prompt <start> <assistant>
             } else {
                 2
             },

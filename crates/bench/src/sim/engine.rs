@@ -183,11 +183,7 @@ mod tests {
     }
 
     fn submit(id: u64) -> Submit {
-        Submit {
-            id,
-            prompt_tokens: 300 + 50 * id,
-            max_new_tokens: 3 + id,
-        }
+        Submit::counted(id, 300 + 50 * id, 3 + id)
     }
 
     /// What a router would see: (after which op, seq, running, waiting, used tokens).

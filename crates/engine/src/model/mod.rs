@@ -1,0 +1,457 @@
+//! The pure scheduler model of one DP rank: what SGLang's scheduler does where load is concerned.
+//!
+//! * a FCFS waiting queue; a running batch bounded by `max_running_requests`;
+//! * a KV pool of `max_total_tokens`: admission reserves the prompt plus `new_token_ratio` of the
+//!   remaining output of every running request (SGLang's optimistic reservation), so decode can
+//!   overflow the pool — then the newest running request is **retracted** (its KV freed, back to
+//!   the front of the queue, re-prefilling prompt + generated tokens);
+//! * chunked prefill: at most `chunked_prefill_size` prompt tokens per prefill step, a long prompt
+//!   continues over several steps; a prefill step emits each completed request's first token;
+//! * a decode step generates one token for every running request;
+//! * a **prefix cache** ([`crate::radix`]) when requests carry token ids: a request's longest
+//!   cached prefix skips prefill, its path is locked while it runs, a finished request inserts its
+//!   prompt and output, and the pool evicts unlocked least-recently-used pages before it retracts
+//!   anyone (`pool.rs`). Requests given only as token counts never match and are never cached;
+//! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch`, where prefill
+//!   tokens are the uncached ones.
+//!
+//! No I/O and no clock: [`Scheduler::step`] takes `now` (seconds) and returns how long the step
+//! takes and what happened, so the engine drives it in real time and benchmarks in virtual time.
+
+mod pool;
+mod snapshot;
+
+use crate::radix::{CacheStats, PageChain, PathLock, PrefixCache};
+use loadlink_wire::kv_events::KvEvent;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Step-time model coefficients (microseconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    pub base_us: f64,
+    pub per_prefill_token_us: f64,
+    pub per_batch_req_us: f64,
+    pub per_kv_token_us: f64,
+}
+
+impl Default for Timing {
+    /// A 7B-class model on one GPU: prefill ≈ 10k tokens/s; decode ≈ 30 ms per step at batch 64
+    /// with ~1,000 KV tokens per request.
+    fn default() -> Self {
+        Timing {
+            base_us: 8_000.0,
+            per_prefill_token_us: 100.0,
+            per_batch_req_us: 250.0,
+            per_kv_token_us: 0.1,
+        }
+    }
+}
+
+/// vLLM's default block size; SGLang's page size is a server flag too.
+pub const DEFAULT_PAGE_SIZE: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelConfig {
+    pub max_running_requests: usize,
+    pub max_total_tokens: u64,
+    pub chunked_prefill_size: u64,
+    /// Fraction of a running request's remaining output that admission reserves.
+    pub new_token_ratio: f64,
+    /// Tokens per KV page: the prefix cache's unit, and the KV-event block size.
+    pub page_size: usize,
+    pub timing: Timing,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            max_running_requests: 128,
+            max_total_tokens: 200_000,
+            chunked_prefill_size: 8_192,
+            new_token_ratio: 0.5,
+            page_size: DEFAULT_PAGE_SIZE,
+            timing: Timing::default(),
+        }
+    }
+}
+
+/// A request as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submit {
+    pub id: u64,
+    pub prompt_tokens: u64,
+    pub max_new_tokens: u64,
+    /// The prompt's token ids, when known (`prompt_tokens` is then their count). Without them the
+    /// request can neither hit nor fill the prefix cache.
+    pub prompt: Option<Arc<[u32]>>,
+}
+
+impl Submit {
+    /// A request known only by its token counts.
+    pub fn counted(id: u64, prompt_tokens: u64, max_new_tokens: u64) -> Self {
+        Submit {
+            id,
+            prompt_tokens,
+            max_new_tokens,
+            prompt: None,
+        }
+    }
+
+    /// A request with its prompt's token ids.
+    pub fn tokens(id: u64, prompt: Arc<[u32]>, max_new_tokens: u64) -> Self {
+        Submit {
+            id,
+            prompt_tokens: prompt.len() as u64,
+            max_new_tokens,
+            prompt: Some(prompt),
+        }
+    }
+}
+
+/// Something a request's client should hear about; all happen at the end of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The first output token (end of prefill).
+    FirstToken { id: u64 },
+    /// One more output token.
+    Token { id: u64 },
+    /// Done; `completion_tokens` tokens were generated.
+    Finished {
+        id: u64,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    Prefill,
+    Decode,
+    Idle,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub kind: StepKind,
+    /// Seconds the step takes (0 when idle).
+    pub duration: f64,
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, Clone)]
+struct Req {
+    id: u64,
+    prompt: u64,
+    max_new: u64,
+    generated: u64,
+    /// Tokens of `prefill_target()` in KV, the cached prefix included.
+    prefilled: u64,
+    retracted: bool,
+    /// Prompt token ids and the page hashes of all but its last token (at least one token is
+    /// always computed, as SGLang does, so the step has logits to sample from).
+    tokens: Option<Arc<[u32]>>,
+    chain: PageChain,
+    /// Cached tokens when queued: what `num_waiting_uncached_tokens` leaves out.
+    queued_hit: u64,
+    /// The locked cached prefix while admitted (0 while waiting).
+    shared: u64,
+    lock: PathLock,
+}
+
+impl Req {
+    /// Tokens to prefill: the prompt, plus what was generated before a retraction.
+    fn prefill_target(&self) -> u64 {
+        self.prompt + self.generated
+    }
+    /// KV tokens this request holds outside the cache (its own pages).
+    fn private_kv(&self) -> u64 {
+        self.prefilled - self.shared
+    }
+}
+
+/// Cumulative counters and a sliding window for rates.
+#[derive(Debug, Clone, Default)]
+struct Stats {
+    total_prefill_tokens: u64,
+    total_prefill_busy_us: u64,
+    /// count, Σb, Σt_us, Σb², Σb·t_us, Σg
+    decode_moments: [f64; 6],
+    /// (end time, generated tokens, busy seconds) of recent steps.
+    window: VecDeque<(f64, u64, f64)>,
+    /// (time, cached tokens, prompt tokens) of recent admissions, for the hit rate.
+    hits: VecDeque<(f64, u64, u64)>,
+}
+
+const RATE_WINDOW_S: f64 = 5.0;
+/// SGLang's `SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS` default.
+const HIT_RATE_WINDOW_S: f64 = 15.0;
+
+/// One rank's scheduler.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    cfg: ModelConfig,
+    waiting: VecDeque<Req>,
+    /// The request whose prompt is being prefilled in chunks.
+    chunked: Option<Req>,
+    running: Vec<Req>,
+    stats: Stats,
+    retractions: u64,
+    now: f64,
+    cache: PrefixCache,
+}
+
+impl Scheduler {
+    pub fn new(cfg: ModelConfig) -> Self {
+        Self::build(cfg, false)
+    }
+
+    /// A scheduler whose cache records KV events for [`Scheduler::take_kv_events`].
+    pub fn with_kv_events(cfg: ModelConfig) -> Self {
+        Self::build(cfg, true)
+    }
+
+    fn build(cfg: ModelConfig, record_events: bool) -> Self {
+        Scheduler {
+            cfg,
+            waiting: VecDeque::new(),
+            chunked: None,
+            running: Vec::new(),
+            stats: Stats::default(),
+            retractions: 0,
+            now: 0.0,
+            cache: PrefixCache::new(cfg.page_size, record_events),
+        }
+    }
+
+    /// The KV events since the last call (empty unless built [`Scheduler::with_kv_events`]).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.cache.take_events()
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Queues a request (FCFS), matching its prompt against the cache as SGLang does when it
+    /// queues one. A zero-token output finishes at its first token.
+    pub fn submit(&mut self, s: Submit) {
+        let tokens = s.prompt.filter(|t| !t.is_empty());
+        let chain = tokens.as_deref().map_or_else(PageChain::default, |t| {
+            PageChain::of(&t[..t.len() - 1], self.cfg.page_size)
+        });
+        let prompt = tokens.as_ref().map_or(s.prompt_tokens, |t| t.len() as u64);
+        let queued_hit = self.cache.matched_tokens(&chain);
+        self.waiting.push_back(Req {
+            id: s.id,
+            prompt: prompt.max(1),
+            max_new: s.max_new_tokens.max(1),
+            generated: 0,
+            prefilled: 0,
+            retracted: false,
+            tokens,
+            chain,
+            queued_hit,
+            shared: 0,
+            lock: PathLock::default(),
+        });
+    }
+
+    /// Removes a request wherever it is and frees its KV. Returns whether it was known.
+    pub fn abort(&mut self, id: u64) -> bool {
+        if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            self.waiting.remove(i);
+            return true;
+        }
+        let req = if self.chunked.as_ref().is_some_and(|r| r.id == id) {
+            self.chunked.take()
+        } else {
+            let i = self.running.iter().position(|r| r.id == id);
+            i.map(|i| self.running.swap_remove(i))
+        };
+        match req {
+            Some(r) => {
+                self.cache.unlock(r.lock);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Waiting requests, including a partly prefilled one.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len() + usize::from(self.chunked.is_some())
+    }
+
+    pub fn retractions(&self) -> u64 {
+        self.retractions
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty() && self.chunked.is_none()
+    }
+
+    /// Runs one scheduler iteration starting at `now` (seconds).
+    pub fn step(&mut self, now: f64) -> Step {
+        self.now = now;
+        if let Some(step) = self.prefill_step() {
+            return step;
+        }
+        if !self.running.is_empty() {
+            return self.decode_step();
+        }
+        Step {
+            kind: StepKind::Idle,
+            duration: 0.0,
+            events: Vec::new(),
+        }
+    }
+
+    /// The next request to prefill: the chunked one, else the queue's front if it is admitted.
+    fn next_prefill(&mut self, batch: usize, tokens: u64) -> Option<Req> {
+        if let Some(r) = self.chunked.take() {
+            return Some(r);
+        }
+        let mut next = self.waiting.pop_front()?;
+        if self.admit(&mut next, batch, tokens) {
+            Some(next)
+        } else {
+            self.waiting.push_front(next);
+            None
+        }
+    }
+
+    fn prefill_step(&mut self) -> Option<Step> {
+        let mut budget = self.cfg.chunked_prefill_size.max(1);
+        let mut batch: Vec<Req> = Vec::new();
+        let mut tokens = 0u64;
+        // Own KV of the requests taken out of the queues for this step (not counted by the pool).
+        let mut held = 0u64;
+        while let Some(mut req) = self.next_prefill(batch.len(), tokens) {
+            let n = budget.min(req.prefill_target() - req.prefilled);
+            self.make_room(held + req.private_kv() + n);
+            req.prefilled += n;
+            held += req.private_kv();
+            tokens += n;
+            budget -= n;
+            if req.prefilled < req.prefill_target() {
+                self.chunked = Some(req);
+                break;
+            }
+            batch.push(req);
+            if budget == 0 {
+                break;
+            }
+        }
+        if tokens == 0 && batch.is_empty() {
+            return None;
+        }
+        let t = &self.cfg.timing;
+        let n_reqs = batch.len() + usize::from(self.chunked.is_some());
+        let duration_us = t.base_us
+            + t.per_prefill_token_us * tokens as f64
+            + t.per_batch_req_us * n_reqs as f64
+            + t.per_kv_token_us * tokens as f64;
+        let duration = duration_us / 1e6;
+        self.stats.total_prefill_tokens += tokens;
+        self.stats.total_prefill_busy_us += duration_us as u64;
+        let mut events = Vec::with_capacity(batch.len() * 2);
+        for mut req in batch {
+            // Prefill produces the first output token (a retracted request resumes instead).
+            if !req.retracted {
+                events.push(Event::FirstToken { id: req.id });
+                req.generated = 1;
+            }
+            req.retracted = false;
+            if req.generated >= req.max_new {
+                events.push(Event::Finished {
+                    id: req.id,
+                    prompt_tokens: req.prompt,
+                    completion_tokens: req.generated,
+                });
+                self.finish(req);
+            } else {
+                self.running.push(req);
+            }
+        }
+        self.record(duration, events.len() as u64);
+        Some(Step {
+            kind: StepKind::Prefill,
+            duration,
+            events,
+        })
+    }
+
+    fn decode_step(&mut self) -> Step {
+        // Room for one new token per running request: evict cached pages first, then retract
+        // the newest request while that is not enough.
+        self.make_room(self.running.len() as u64);
+        while self.running.len() > 1 && self.free_tokens() < self.running.len() as u64 {
+            let victim = self.running.pop().expect("len > 1");
+            self.retract(victim);
+            self.make_room(self.running.len() as u64);
+        }
+        let t = &self.cfg.timing;
+        let b = self.running.len() as f64;
+        let kv = self.used_tokens() as f64;
+        let duration_us = t.base_us + t.per_batch_req_us * b + t.per_kv_token_us * kv;
+        let mut events = Vec::with_capacity(self.running.len());
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &mut self.running[i];
+            r.generated += 1;
+            r.prefilled += 1;
+            if r.generated >= r.max_new {
+                events.push(Event::Finished {
+                    id: r.id,
+                    prompt_tokens: r.prompt,
+                    completion_tokens: r.generated,
+                });
+                let done = self.running.remove(i);
+                self.finish(done);
+            } else {
+                events.push(Event::Token { id: r.id });
+                i += 1;
+            }
+        }
+        let m = &mut self.stats.decode_moments;
+        let g = b; // one token per request per step (no speculative decoding)
+        m[0] += 1.0;
+        m[1] += b;
+        m[2] += duration_us;
+        m[3] += b * b;
+        m[4] += b * duration_us;
+        m[5] += g;
+        let duration = duration_us / 1e6;
+        self.record(duration, b as u64);
+        Step {
+            kind: StepKind::Decode,
+            duration,
+            events,
+        }
+    }
+
+    fn record(&mut self, duration: f64, tokens: u64) {
+        let end = self.now + duration;
+        self.stats.window.push_back((end, tokens, duration));
+        while self
+            .stats
+            .window
+            .front()
+            .is_some_and(|w| w.0 < end - RATE_WINDOW_S)
+        {
+            self.stats.window.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

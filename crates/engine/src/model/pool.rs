@@ -1,0 +1,112 @@
+//! The KV pool with the prefix cache in it: who holds which tokens, admission, room-making,
+//! retraction, and what a finished request leaves behind.
+//!
+//! Tokens in the pool are either a request's own pages (`private`) or cached pages. Cached pages
+//! are locked while a request that matched them runs, and evictable otherwise. As in SGLang
+//! (`num_used = max_total − (available + evictable)`), evictable cached pages count as free for
+//! admission and for the published `num_used_tokens`; they are evicted, least recently used first,
+//! only when a step needs the room, and before any running request is retracted.
+
+use super::{HIT_RATE_WINDOW_S, Req, Scheduler};
+use crate::radix::PathLock;
+use crate::tokenize::OUTPUT_TOKEN;
+
+impl Scheduler {
+    /// Own KV of the admitted requests (running and chunked).
+    fn private_tokens(&self) -> u64 {
+        self.running.iter().map(Req::private_kv).sum::<u64>()
+            + self.chunked.as_ref().map_or(0, Req::private_kv)
+    }
+
+    /// KV tokens in use as SGLang counts them: own pages plus locked cached pages.
+    pub fn used_tokens(&self) -> u64 {
+        let c = self.cache.stats();
+        self.private_tokens() + c.cached_tokens - c.evictable_tokens
+    }
+
+    /// Pool tokens holding nothing at all (cached pages, even evictable ones, excluded).
+    pub(super) fn free_tokens(&self) -> u64 {
+        self.cfg
+            .max_total_tokens
+            .saturating_sub(self.private_tokens() + self.cache.stats().cached_tokens)
+    }
+
+    /// Evicts cached pages until `n` tokens are free (or nothing evictable is left).
+    pub(super) fn make_room(&mut self, n: u64) {
+        let free = self.free_tokens();
+        if free < n {
+            self.cache.evict(n - free);
+        }
+    }
+
+    fn reservation(&self, r: &Req) -> u64 {
+        ((r.max_new - r.generated.min(r.max_new)) as f64 * self.cfg.new_token_ratio).ceil() as u64
+    }
+
+    fn reserved_tokens(&self) -> u64 {
+        self.running.iter().map(|q| self.reservation(q)).sum()
+    }
+
+    /// Admits `req` if there is batch room and KV for its uncached prompt plus its reservation,
+    /// with `extra_*` already taken by this step. On success its cached prefix is locked and
+    /// counts as prefilled.
+    pub(super) fn admit(&mut self, req: &mut Req, extra_batch: usize, extra_tokens: u64) -> bool {
+        if self.running.len() + extra_batch + 1 > self.cfg.max_running_requests {
+            return false;
+        }
+        // Lock first, so the room made for this request can never be its own prefix.
+        let (lock, hit) = match req.tokens {
+            Some(_) => self.cache.lock(&req.chain),
+            None => (PathLock::default(), 0),
+        };
+        let need = req.prefill_target() - hit + self.reservation(req);
+        let fits = self.used_tokens() + self.reserved_tokens() + extra_tokens + need
+            <= self.cfg.max_total_tokens
+            // A request larger than the whole pool would never run: admit it alone and let
+            // retraction/decode bound it, rather than wedge the queue forever.
+            || (self.running.is_empty() && extra_batch == 0 && extra_tokens == 0);
+        if !fits {
+            self.cache.unlock(lock);
+            return false;
+        }
+        (req.lock, req.shared, req.prefilled) = (lock, hit, hit);
+        if !req.retracted {
+            self.record_hit(hit, req.prompt);
+        }
+        true
+    }
+
+    fn record_hit(&mut self, hit: u64, prompt: u64) {
+        let now = self.now;
+        let w = &mut self.stats.hits;
+        w.push_back((now, hit, prompt));
+        while w.front().is_some_and(|h| h.0 <= now - HIT_RATE_WINDOW_S) {
+            w.pop_front();
+        }
+    }
+
+    /// Frees a running request's KV and puts it back at the front of the queue.
+    pub(super) fn retract(&mut self, mut v: Req) {
+        self.cache.unlock(std::mem::take(&mut v.lock));
+        (v.shared, v.prefilled, v.retracted) = (0, 0, true);
+        v.queued_hit = self.cache.matched_tokens(&v.chain);
+        self.retractions += 1;
+        self.waiting.push_front(v);
+    }
+
+    /// A finished request caches its prompt and the output tokens that have KV (all but the
+    /// last), then releases its lock; its own pages that did not become cache pages are freed.
+    pub(super) fn finish(&mut self, mut req: Req) {
+        if let Some(prompt) = &req.tokens {
+            let mut seq = Vec::with_capacity(prompt.len() + req.generated as usize);
+            seq.extend_from_slice(prompt);
+            seq.extend(std::iter::repeat_n(
+                OUTPUT_TOKEN,
+                req.generated.saturating_sub(1) as usize,
+            ));
+            req.chain.extend(&seq, self.cfg.page_size);
+            self.cache.insert(&seq, &req.chain);
+        }
+        self.cache.unlock(req.lock);
+    }
+}
