@@ -181,6 +181,10 @@ struct Stats {
     window: VecDeque<(f64, u64, f64)>,
     /// (time, cached tokens, prompt tokens) of recent admissions, for the hit rate.
     hits: VecDeque<(f64, u64, u64)>,
+    /// Cumulative cached and prompt tokens of every admission (retractions' re-admissions not
+    /// counted).
+    hit_tokens: u64,
+    prompt_tokens: u64,
 }
 
 const RATE_WINDOW_S: f64 = 5.0;

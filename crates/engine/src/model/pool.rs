@@ -77,6 +77,8 @@ impl Scheduler {
     }
 
     fn record_hit(&mut self, hit: u64, prompt: u64) {
+        self.stats.hit_tokens += hit;
+        self.stats.prompt_tokens += prompt;
         let now = self.now;
         let w = &mut self.stats.hits;
         w.push_back((now, hit, prompt));

@@ -18,6 +18,11 @@ impl Scheduler {
                 .map_or(0, |r| r.prefill_target() - r.prefilled)
     }
 
+    /// `(cached, prompt)` tokens of every admission so far: the lifetime hit rate's terms.
+    pub fn cache_totals(&self) -> (u64, u64) {
+        (self.stats.hit_tokens, self.stats.prompt_tokens)
+    }
+
     /// Cached / (cached + computed) prompt tokens of the admissions of the last 15 s.
     pub fn cache_hit_rate(&self) -> f64 {
         let (hit, total) = self
