@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use loadlink_publish::{EngineSettings, InternalSink, ShmReader, build_sinks};
+use loadlink_publish::{EngineSettings, InternalSink, ShmReader, build_kv_publisher, build_sinks};
 use loadlink_wire::Generation;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -193,7 +193,18 @@ fn start_ranks(cfg: &EngineConfig, settings: &EngineSettings) -> Vec<RankHandle>
     (0..cfg.dp_size)
         .map(|r| {
             let built = build_sinks(&ctx, settings, r);
-            spawn(r, cfg.model, cfg.time_scale, cfg.publish_point, built.sinks)
+            let kv = build_kv_publisher(&ctx, settings, r).unwrap_or_else(|e| {
+                tracing::warn!(rank = r, "KV events not published: {e}");
+                None
+            });
+            spawn(
+                r,
+                cfg.model,
+                cfg.time_scale,
+                cfg.publish_point,
+                built.sinks,
+                kv,
+            )
         })
         .collect()
 }

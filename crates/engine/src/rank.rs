@@ -12,7 +12,10 @@
 
 use crate::cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, PublishCycle, PublishPoint};
 use crate::model::{Event, ModelConfig, Scheduler, Step, StepKind, Submit};
-use loadlink_publish::{LoadSource, Publisher, Sink, SinkStats};
+use loadlink_publish::{
+    KvEventPublisher, KvPublisherStats, LoadSource, Publisher, Sink, SinkStats,
+};
+use loadlink_wire::kv_events::KvEventBatch;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -27,12 +30,26 @@ pub enum Command {
     Stop,
 }
 
+/// The prefix cache's figures, as of the rank's last step (for `/metrics`).
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    /// Cached prompt tokens of every admission.
+    pub hit_tokens: AtomicU64,
+    /// Prompt tokens of every admission.
+    pub prompt_tokens: AtomicU64,
+    /// Tokens in the cache now.
+    pub cached_tokens: AtomicU64,
+}
+
 /// Handle on a running rank.
 pub struct RankHandle {
     pub rank: u32,
     pub commands: Sender<Command>,
     pub sink_stats: Vec<(&'static str, Arc<SinkStats>)>,
     pub steps: Arc<AtomicU64>,
+    pub cache: Arc<CacheCounters>,
+    /// The KV-event publisher's counters, when this rank publishes KV events.
+    pub kv_events: Option<Arc<KvPublisherStats>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -53,16 +70,22 @@ pub(crate) fn wall_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Starts rank `rank` with its sinks (internal first) on its own thread.
+/// Starts rank `rank` with its sinks (internal first) and its KV-event publisher, if any, on its
+/// own thread.
 pub fn spawn(
     rank: u32,
     cfg: ModelConfig,
     time_scale: f64,
     point: PublishPoint,
     sinks: Vec<Box<dyn Sink>>,
+    kv: Option<KvEventPublisher>,
 ) -> RankHandle {
     let (tx, rx) = std::sync::mpsc::channel();
-    let scheduler = Arc::new(Mutex::new(Scheduler::new(cfg)));
+    let scheduler = Arc::new(Mutex::new(if kv.is_some() {
+        Scheduler::with_kv_events(cfg)
+    } else {
+        Scheduler::new(cfg)
+    }));
     let start = Instant::now();
     let scale = if time_scale > 0.0 { time_scale } else { 1.0 };
     let virtual_now = move || start.elapsed().as_secs_f64() * scale;
@@ -77,7 +100,10 @@ pub fn spawn(
     let sink_stats = publisher.stats();
     let steps = Arc::new(AtomicU64::new(0));
     let steps2 = steps.clone();
-    let turns = RankLoop::new(scheduler, publisher, point, virtual_now);
+    let kv_events = kv.as_ref().map(KvEventPublisher::stats);
+    let mut turns = RankLoop::new(scheduler, publisher, point, virtual_now);
+    turns.kv = kv.map(|p| (rank, p));
+    let cache = turns.cache.clone();
     let thread = std::thread::Builder::new()
         .name(format!("rank-{rank}"))
         .spawn(move || run(rx, turns, scale, steps2))
@@ -87,6 +113,8 @@ pub fn spawn(
         commands: tx,
         sink_stats,
         steps,
+        cache,
+        kv_events,
         thread: Mutex::new(Some(thread)),
     }
 }
@@ -132,6 +160,9 @@ pub struct RankLoop<S: LoadSource> {
     cycle: PublishCycle,
     clients: HashMap<u64, UnboundedSender<Event>>,
     virtual_now: Box<dyn Fn() -> f64 + Send>,
+    /// This rank's KV-event publisher and its rank number.
+    kv: Option<(u32, KvEventPublisher)>,
+    cache: Arc<CacheCounters>,
 }
 
 impl<S: LoadSource> RankLoop<S> {
@@ -148,6 +179,8 @@ impl<S: LoadSource> RankLoop<S> {
             cycle: PublishCycle::new(point),
             clients: HashMap::new(),
             virtual_now: Box::new(virtual_now),
+            kv: None,
+            cache: Arc::default(),
         }
     }
 
@@ -181,6 +214,9 @@ impl<S: LoadSource> RankLoop<S> {
                     Command::Stop => {
                         drop(sched);
                         self.publisher.close();
+                        if let Some((_, kv)) = &mut self.kv {
+                            kv.close();
+                        }
                         return None;
                     }
                 }
@@ -210,6 +246,31 @@ impl<S: LoadSource> RankLoop<S> {
                 }
             }
         }
+        self.cache_changes();
         self.on(CycleEvent::BatchEnd);
+    }
+
+    /// After a step: the cache's events go out as one batch, and its counters are refreshed.
+    fn cache_changes(&mut self) {
+        let Ok(mut sched) = self.sched.lock() else {
+            return;
+        };
+        let (hit, prompt) = sched.cache_totals();
+        self.cache.hit_tokens.store(hit, Ordering::Relaxed);
+        self.cache.prompt_tokens.store(prompt, Ordering::Relaxed);
+        let cached = sched.cache_stats().cached_tokens;
+        self.cache.cached_tokens.store(cached, Ordering::Relaxed);
+        let Some((rank, kv)) = &self.kv else {
+            return;
+        };
+        let events = sched.take_kv_events();
+        drop(sched);
+        if !events.is_empty() {
+            kv.publish(KvEventBatch {
+                ts: wall_now(),
+                events,
+                attn_dp_rank: Some(i64::from(*rank)),
+            });
+        }
     }
 }

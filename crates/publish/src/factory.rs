@@ -1,14 +1,17 @@
-//! Builds a rank's sinks from engine settings, and the matching `/server_info` advertisement.
+//! Builds a rank's sinks and its KV-event publisher from engine settings, and the matching
+//! `/server_info` advertisement.
 //!
 //! Both go through `loadlink_wire::resolve_load_range` with the same [`EngineSettings`], so the
 //! advertised `load_endpoint_port_base` exists exactly when this factory bound the range. Each
 //! sink is built under its own guard: a bad router-facing endpoint costs only the PUB sink (a
 //! warning with the reason), while losing the internal sink is an error.
 
+use crate::kv_publisher::{KvEventPublisher, KvPublisherConfig};
 use crate::shm_sink::ShmSink;
 use crate::sink::Sink;
 use crate::zmq_sinks::{PubSink, PushSink};
 use loadlink_wire::descriptor::{KvEventsDescriptor, describe};
+use loadlink_wire::endpoint::{TcpEndpoint, tcp_endpoint};
 use loadlink_wire::{Generation, KvEventsConfig, LoadRange, RangeRequest, resolve_load_range};
 use std::path::PathBuf;
 
@@ -154,4 +157,44 @@ pub fn build_sinks(ctx: &zmq::Context, settings: &EngineSettings, rank: u32) -> 
         pub_declined,
         internal_error,
     }
+}
+
+/// The per-rank bind endpoint of a KV-events endpoint (`port + rank`), when it can be bound.
+fn rank_endpoint(what: &str, endpoint: &str, rank: u32) -> Result<String, String> {
+    let ep = TcpEndpoint::parse(endpoint).map_err(|e| format!("{what} {endpoint:?}: {e}"))?;
+    if !ep.is_wildcard() {
+        return Err(format!(
+            "{what} {endpoint:?} has a concrete host: the engine binds KV-event sockets only on a \
+             wildcard host (tcp://*:PORT)"
+        ));
+    }
+    let port = u16::try_from(u32::from(ep.port) + rank)
+        .map_err(|_| format!("{what} {endpoint:?}: port + rank {rank} passes 65535"))?;
+    Ok(tcp_endpoint(&ep.host, port))
+}
+
+/// Builds `rank`'s KV-event publisher from `--kv-events-config`: `Ok(None)` when KV events are
+/// off (no config, or publisher "null"), `Err` with the reason when they are on but the sockets
+/// cannot be bound (the engine serves on; routers then see no KV events from this rank).
+pub fn build_kv_publisher(
+    ctx: &zmq::Context,
+    settings: &EngineSettings,
+    rank: u32,
+) -> Result<Option<KvEventPublisher>, String> {
+    let Some(kv) = settings.kv_config()?.filter(KvEventsConfig::is_active) else {
+        return Ok(None);
+    };
+    let mut cfg = KvPublisherConfig::new(rank_endpoint("endpoint", &kv.endpoint, rank)?);
+    cfg.replay_endpoint = kv
+        .replay_endpoint
+        .as_deref()
+        .map(|r| rank_endpoint("replay_endpoint", r, rank))
+        .transpose()?;
+    cfg.topic = kv.topic.clone();
+    cfg.buffer_steps = kv.buffer_steps as usize;
+    cfg.hwm = i32::try_from(kv.hwm).unwrap_or(i32::MAX);
+    cfg.max_queue_size = kv.max_queue_size as usize;
+    KvEventPublisher::bind(ctx, cfg)
+        .map(Some)
+        .map_err(|e| format!("binding the KV-event sockets of rank {rank}: {e}"))
 }

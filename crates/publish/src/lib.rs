@@ -13,7 +13,9 @@ pub mod shm_sink;
 pub mod sink;
 pub mod zmq_sinks;
 
-pub use factory::{BuiltSinks, EngineSettings, InternalSink, build_sinks, sink_interval};
+pub use factory::{
+    BuiltSinks, EngineSettings, InternalSink, build_kv_publisher, build_sinks, sink_interval,
+};
 pub use free_ports::free_port_block;
 pub use kv_publisher::{KvEventPublisher, KvPublisherConfig, KvPublisherStats};
 pub use memory_sink::{MemorySink, Sent};
