@@ -1,6 +1,8 @@
 //! `Publisher` semantics: one collection per cycle, per-sink cadence, force, isolation, throttle.
 
-use loadlink_publish::{Encoded, FailureReport, Publisher, Sink, SinkError, WriteOutcome};
+use loadlink_publish::{
+    Encoded, FailureReport, LoadSource, Publisher, Sink, SinkError, WriteOutcome,
+};
 use loadlink_wire::LoadSnapshot;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,30 +68,31 @@ fn counting_source(calls: Arc<AtomicUsize>) -> impl FnMut() -> Result<LoadSnapsh
     }
 }
 
-/// A publisher over one well-behaved recorder per interval, counting its collections; returns it
-/// with the collection count and each recorder's log.
-fn recording_publisher(
-    intervals: &[u32],
-) -> (
-    Publisher<impl FnMut() -> Result<LoadSnapshot, String>>,
-    Arc<AtomicUsize>,
-    Vec<Log>,
-) {
+/// A publisher over well-behaved recorders, with its collection count and each recorder's log.
+struct Recording<S: LoadSource> {
+    /// The publisher under test.
+    p: Publisher<S>,
+    calls: Arc<AtomicUsize>,
+    logs: Vec<Log>,
+}
+
+/// A [`Recording`] with one recorder per interval, counting its collections.
+fn recording(intervals: &[u32]) -> Recording<impl LoadSource> {
     let calls = Arc::new(AtomicUsize::new(0));
     let (sinks, logs) = intervals
         .iter()
         .map(|&i| recorder(i, Behaviour::Ok))
         .unzip();
-    (
-        Publisher::new(counting_source(calls.clone()), sinks),
+    Recording {
+        p: Publisher::new(counting_source(calls.clone()), sinks),
         calls,
         logs,
-    )
+    }
 }
 
 #[test]
 fn one_collection_per_cycle_and_every_due_sink_gets_the_same_bytes() {
-    let (mut p, calls, logs) = recording_publisher(&[1, 1, 1]);
+    let Recording { mut p, calls, logs } = recording(&[1, 1, 1]);
     for _ in 0..5 {
         let r = p.publish(false);
         assert_eq!((r.collected, r.due, r.sent), (true, 3, 3));
@@ -112,7 +115,7 @@ fn one_collection_per_cycle_and_every_due_sink_gets_the_same_bytes() {
 
 #[test]
 fn intervals_are_independent_force_overrides_and_idle_cycles_skip_collection() {
-    let (mut p, calls, logs) = recording_publisher(&[1, 2, 3]);
+    let Recording { mut p, calls, logs } = recording(&[1, 2, 3]);
     let [la, lb, lc] = &logs[..] else {
         unreachable!("three recorders")
     };
@@ -134,7 +137,7 @@ fn intervals_are_independent_force_overrides_and_idle_cycles_skip_collection() {
     assert_eq!((lb.lock().unwrap().len(), lc.lock().unwrap().len()), (4, 3));
 
     // With only slow sinks, the calls in between collect nothing.
-    let (mut p, calls, _) = recording_publisher(&[4]);
+    let Recording { mut p, calls, .. } = recording(&[4]);
     let collected: Vec<bool> = (0..8).map(|_| p.publish(false).collected).collect();
     assert_eq!(
         collected,
