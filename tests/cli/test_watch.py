@@ -4,22 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import socket
 import subprocess
 import threading
 import time
 import urllib.request
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("LOADLINK_BIN") or str(REPO / "target" / "debug" / "loadlink")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from cli_helpers import BIN, free_port
 
 
 def start_engine(*args: str) -> tuple[subprocess.Popen, str]:

@@ -1,40 +1,21 @@
 //! `/metrics` is a well-formed Prometheus page (strict parser): SGLang's gauges per `dp_rank`, the
 //! request counters and the publisher's outcomes per rank and sink, each family once.
 
-use loadlink_engine::{Engine, EngineConfig};
-use loadlink_wire::prom::{MetricType, parse};
-use std::time::{Duration, Instant};
+use loadlink_testkit::{complete_ok, scrape, wait_until};
+use loadlink_wire::prom::MetricType;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_page_parses_with_every_family_per_rank() {
-    let e = Engine::start(EngineConfig {
-        port: 0,
-        dp_size: 2,
-        time_scale: 20.0,
-        ..EngineConfig::default()
+    let e = loadlink_testkit::engine(|c| {
+        c.dp_size = 2;
+        c.time_scale = 20.0;
     })
-    .await
-    .unwrap();
+    .await;
     let c = reqwest::Client::new();
     let body = serde_json::json!({"prompt": "abcdefgh", "max_tokens": 3});
-    let r = c
-        .post(format!("{}/v1/completions", e.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let page = loop {
-        let text = c
-            .get(format!("{}/metrics", e.url()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let page = parse(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+    complete_ok(&c, &e.url(), &body).await;
+    let page = wait_until("both ranks published", 10, || async {
+        let page = scrape(&c, &e.url()).await;
         let published = |rank: &str| {
             page.value(
                 "loadlink_publish_total",
@@ -44,11 +25,12 @@ async fn metrics_page_parses_with_every_family_per_rank() {
         };
         let both = page.samples("sglang:num_running_reqs").count() == 2;
         if both && published("0") > 0.0 && published("1") > 0.0 {
-            break page;
+            Ok(page)
+        } else {
+            Err(format!("{page:?}"))
         }
-        assert!(Instant::now() < deadline, "ranks never published:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     for name in [
         "sglang:num_running_reqs",
         "sglang:num_queue_reqs",

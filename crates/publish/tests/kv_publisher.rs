@@ -2,9 +2,9 @@
 //! end marker, and a full queue that drops (counted) instead of blocking.
 
 use loadlink_publish::{KvEventPublisher, KvPublisherConfig, free_port_block};
+use loadlink_testkit::{first_message, sub};
 use loadlink_wire::kv_events::{BlockRemoved, KvEvent, KvEventBatch, decode_kv_batch};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 fn batch(i: i64) -> KvEventBatch {
     KvEventBatch {
@@ -17,27 +17,24 @@ fn batch(i: i64) -> KvEventBatch {
     }
 }
 
-/// Subscribes and publishes heartbeats of `AllCleared` until the SUB sees one (slow joiner).
+/// A SUB on `port`, returned once it has received one of the `AllCleared` heartbeats published
+/// while it joins (slow joiner), with the join heartbeats drained and a 5 s receive timeout.
 fn joined(ctx: &zmq::Context, p: &KvEventPublisher, port: u16) -> zmq::Socket {
-    let sub = ctx.socket(zmq::SUB).unwrap();
-    sub.set_subscribe(b"kv").unwrap();
-    sub.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        p.publish(KvEventBatch {
-            ts: -1.0,
-            events: vec![KvEvent::AllCleared],
-            attn_dp_rank: None,
-        });
-        if sub.poll(zmq::POLLIN, 50).unwrap() > 0 {
-            // Drain the join messages.
-            while sub.poll(zmq::POLLIN, 100).unwrap() > 0 {
-                sub.recv_multipart(0).unwrap();
-            }
-            return sub;
-        }
+    let s = sub(ctx, &format!("tcp://127.0.0.1:{port}"));
+    let heartbeat = || KvEventBatch {
+        ts: -1.0,
+        events: vec![KvEvent::AllCleared],
+        attn_dp_rank: None,
+    };
+    first_message(&s, || {
+        p.publish(heartbeat());
+    });
+    // Drain the join heartbeats: the stream is quiet for 100 ms.
+    while s.poll(zmq::POLLIN, 100).unwrap() > 0 {
+        s.recv_multipart(0).unwrap();
     }
-    panic!("subscriber never joined");
+    s.set_rcvtimeo(5000).unwrap();
+    s
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! `Publisher` semantics: one collection per cycle, per-sink cadence, force, isolation, throttle.
 
-use loadlink_publish::{Encoded, FailureReport, Publisher, Sink, SinkError, WriteOutcome};
+use loadlink_publish::{
+    Encoded, FailureReport, LoadSource, Publisher, Sink, SinkError, WriteOutcome,
+};
 use loadlink_wire::LoadSnapshot;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,13 +68,31 @@ fn counting_source(calls: Arc<AtomicUsize>) -> impl FnMut() -> Result<LoadSnapsh
     }
 }
 
+/// A publisher over well-behaved recorders, with its collection count and each recorder's log.
+struct Recording<S: LoadSource> {
+    /// The publisher under test.
+    p: Publisher<S>,
+    calls: Arc<AtomicUsize>,
+    logs: Vec<Log>,
+}
+
+/// A [`Recording`] with one recorder per interval, counting its collections.
+fn recording(intervals: &[u32]) -> Recording<impl LoadSource> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (sinks, logs) = intervals
+        .iter()
+        .map(|&i| recorder(i, Behaviour::Ok))
+        .unzip();
+    Recording {
+        p: Publisher::new(counting_source(calls.clone()), sinks),
+        calls,
+        logs,
+    }
+}
+
 #[test]
 fn one_collection_per_cycle_and_every_due_sink_gets_the_same_bytes() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let (a, la) = recorder(1, Behaviour::Ok);
-    let (b, lb) = recorder(1, Behaviour::Ok);
-    let (c, lc) = recorder(1, Behaviour::Ok);
-    let mut p = Publisher::new(counting_source(calls.clone()), vec![a, b, c]);
+    let Recording { mut p, calls, logs } = recording(&[1, 1, 1]);
     for _ in 0..5 {
         let r = p.publish(false);
         assert_eq!((r.collected, r.due, r.sent), (true, 3, 3));
@@ -82,7 +102,11 @@ fn one_collection_per_cycle_and_every_due_sink_gets_the_same_bytes() {
         5,
         "exactly one collection per cycle"
     );
-    let (la, lb, lc) = (la.lock().unwrap(), lb.lock().unwrap(), lc.lock().unwrap());
+    let (la, lb, lc) = (
+        logs[0].lock().unwrap(),
+        logs[1].lock().unwrap(),
+        logs[2].lock().unwrap(),
+    );
     assert_eq!(*la, *lb);
     assert_eq!(*lb, *lc);
     assert_eq!(la.len(), 5);
@@ -91,11 +115,10 @@ fn one_collection_per_cycle_and_every_due_sink_gets_the_same_bytes() {
 
 #[test]
 fn intervals_are_independent_force_overrides_and_idle_cycles_skip_collection() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let (a, la) = recorder(1, Behaviour::Ok);
-    let (b, lb) = recorder(2, Behaviour::Ok);
-    let (c, lc) = recorder(3, Behaviour::Ok);
-    let mut p = Publisher::new(counting_source(calls.clone()), vec![a, b, c]);
+    let Recording { mut p, calls, logs } = recording(&[1, 2, 3]);
+    let [la, lb, lc] = &logs[..] else {
+        unreachable!("three recorders")
+    };
     for _ in 0..6 {
         p.publish(false);
     }
@@ -114,9 +137,7 @@ fn intervals_are_independent_force_overrides_and_idle_cycles_skip_collection() {
     assert_eq!((lb.lock().unwrap().len(), lc.lock().unwrap().len()), (4, 3));
 
     // With only slow sinks, the calls in between collect nothing.
-    let calls = Arc::new(AtomicUsize::new(0));
-    let (d, _) = recorder(4, Behaviour::Ok);
-    let mut p = Publisher::new(counting_source(calls.clone()), vec![d]);
+    let Recording { mut p, calls, .. } = recording(&[4]);
     let collected: Vec<bool> = (0..8).map(|_| p.publish(false).collected).collect();
     assert_eq!(
         collected,

@@ -5,7 +5,7 @@ use loadlink_publish::{
     Encoded, EngineSettings, InternalSink, PubSink, Publisher, PushSink, ShmSink, Sink,
     WriteOutcome, build_sinks, free_port_block,
 };
-use loadlink_testkit::{KvEvents, first_message, publish_until_received, sub};
+use loadlink_testkit::{KvEvents, first_message, publish_until_received, snapshot_pub, sub};
 use loadlink_wire::codec::{decode_payload, snapshot_bytes};
 use loadlink_wire::{Generation, LoadSnapshot, Payload};
 use std::time::Duration;
@@ -29,14 +29,7 @@ fn snap(rank: i64, waiting: i64) -> LoadSnapshot {
 fn generation_a_frames_and_sequence() {
     let ctx = zmq::Context::new();
     let pub_port = port();
-    let mut p = PubSink::bind(
-        &ctx,
-        &format!("tcp://*:{pub_port}"),
-        Generation::Snapshot,
-        0,
-        1,
-    )
-    .unwrap();
+    let mut p = snapshot_pub(&ctx, pub_port).unwrap();
     let s = sub(&ctx, &format!("tcp://127.0.0.1:{pub_port}"));
     let f = publish_until_received(&mut p, &s, &snap(0, 4));
     assert_eq!(f.len(), 3);
@@ -252,14 +245,7 @@ fn a_bad_router_endpoint_costs_only_the_pub_sink() {
 fn publish_never_blocks_without_subscribers_or_with_a_stalled_one() {
     let ctx = zmq::Context::new();
     let pub_port = port();
-    let p = PubSink::bind(
-        &ctx,
-        &format!("tcp://*:{pub_port}"),
-        Generation::Snapshot,
-        0,
-        1,
-    )
-    .unwrap();
+    let p = snapshot_pub(&ctx, pub_port).unwrap();
     let stalled = ctx.socket(zmq::SUB).unwrap();
     stalled.set_rcvhwm(1).unwrap();
     stalled.set_subscribe(b"").unwrap();
@@ -375,14 +361,7 @@ fn rss_kib() -> u64 {
 fn churning_subscribers_neither_block_publish_nor_grow_memory() {
     let ctx = zmq::Context::new();
     let pub_port = port();
-    let p = PubSink::bind(
-        &ctx,
-        &format!("tcp://*:{pub_port}"),
-        Generation::Snapshot,
-        0,
-        1,
-    )
-    .unwrap();
+    let p = snapshot_pub(&ctx, pub_port).unwrap();
     let mut publisher = Publisher::new(|| Ok(snap(0, 1)), vec![Box::new(p) as Box<dyn Sink>]);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (ctx2, stop2) = (ctx.clone(), stop.clone());

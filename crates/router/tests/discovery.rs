@@ -2,24 +2,18 @@
 //! the router's `/workers` carries that reason (the same text `loadlink watch` prints), while the
 //! worker is still routed on in-flight.
 
-use loadlink_engine::{Engine, EngineConfig};
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
-use loadlink_testkit::{router, worker_json};
+use loadlink_testkit::{KvEvents, router, worker_json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_shows_the_engines_own_decline_reason() {
     // A concrete-host KV endpoint: the engine declines the load range and reports why.
     let kv_port = free_port_block(1).unwrap();
-    let engine = Engine::start(EngineConfig {
-        port: 0,
-        kv_events_config: Some(format!(
-            r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{kv_port}"}}"#
-        )),
-        ..Default::default()
+    let engine = loadlink_testkit::engine(|c| {
+        c.kv_events_config = Some(KvEvents::endpoint(format!("tcp://127.0.0.1:{kv_port}")).json());
     })
-    .await
-    .unwrap();
+    .await;
     let r = router(vec![engine.url()], LoadSignal::Engine, |_| {}).await;
     let c = reqwest::Client::new();
     let w = worker_json(&c, &r.url(), &engine.url()).await;

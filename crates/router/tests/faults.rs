@@ -7,12 +7,13 @@ use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::book::MAX_REPORTED;
 use loadlink_testkit::{
-    http_worker, router as router_with, scrape, wait_for, wait_until, worker_json,
+    complete, complete_ok, http_worker, router as router_with, scrape, wait_for, wait_until,
+    worker_json, worker_of,
 };
-use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
 use loadlink_wire::prom::Scrape;
+use loadlink_wire::{FrameError, LoadSnapshot};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +83,7 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
     let c = reqwest::Client::new();
     let metrics = wait_until("every malformation counted", 15, || async {
         let m = scrape(&c, &r.url()).await;
-        if ["frame_count", "seq_length", "end_marker", "payload"]
+        if FrameError::REASONS
             .iter()
             .all(|k| dropped(&m, &liar, k) > 0.0)
         {
@@ -103,17 +104,8 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
     // The liar repels traffic, but only as far as any very loaded worker would: the honest one
     // gets the requests and the router answers every one.
     for _ in 0..20 {
-        let resp = c
-            .post(format!("{}/v1/completions", r.url()))
-            .json(&json!({"prompt": "x"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert_eq!(
-            resp.headers()["x-loadlink-worker"].to_str().unwrap(),
-            honest
-        );
+        let resp = complete_ok(&c, &r.url(), &json!({"prompt": "x"})).await;
+        assert_eq!(worker_of(&resp), honest);
     }
     stop.store(true, Ordering::Relaxed);
     r.stop().await;
@@ -133,13 +125,7 @@ async fn a_slow_body_gets_408_and_the_router_is_unaffected() {
     let head = String::from_utf8_lossy(&buf[..n]);
     assert!(head.starts_with("HTTP/1.1 408"), "{head}");
     assert!(head.contains("--body-timeout-ms"));
-    let ok = reqwest::Client::new()
-        .post(format!("{}/v1/completions", r.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ok.status(), 200);
+    complete_ok(&reqwest::Client::new(), &r.url(), &json!({"prompt": "x"})).await;
     r.stop().await;
 }
 
@@ -177,13 +163,8 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event_and_no_le
         }
     });
     let r = router_with(vec![url.clone()], LoadSignal::Engine, |_| {}).await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/completions", r.url()))
-        .json(&json!({"prompt": "x", "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let body = json!({"prompt": "x", "stream": true});
+    let resp = complete_ok(&reqwest::Client::new(), &r.url(), &body).await;
     let text = resp
         .text()
         .await
@@ -212,21 +193,13 @@ async fn a_dead_worker_is_used_again_when_it_comes_back() {
     .await;
     let c = reqwest::Client::new();
     let send = || async {
-        let resp = c
-            .post(format!("{}/v1/completions", r.url()))
-            .json(&json!({"prompt": "x"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = complete(&c, &r.url(), &json!({"prompt": "x"})).await;
         assert_eq!(
             resp.status(),
             200,
             "requests never fail while a worker is down"
         );
-        resp.headers()["x-loadlink-worker"]
-            .to_str()
-            .unwrap()
-            .to_string()
+        worker_of(&resp)
     };
     for _ in 0..10 {
         assert_eq!(send().await, live);

@@ -4,7 +4,7 @@
 
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
-use loadlink_testkit::{http_worker, router, scrape, wait_for, worker_json};
+use loadlink_testkit::{complete_ok, http_worker, router, scrape, wait_for, worker_json};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::frame::seq_frame;
@@ -54,13 +54,7 @@ async fn metrics_page_is_strict_prometheus_with_the_books_values() {
         })
         .await;
     }
-    let resp = c
-        .post(format!("{}/v1/completions", r.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    complete_ok(&c, &r.url(), &json!({"prompt": "x"})).await;
     let m = scrape(&c, &r.url()).await;
     stop.store(true, Ordering::Relaxed);
 

@@ -2,13 +2,14 @@
 //! workers (a small HTTP server plus a real `PubSink` the test starts, stops and restarts).
 
 use loadlink_engine::Engine;
-use loadlink_publish::{Encoded, PubSink, Sink, free_port_block};
+use loadlink_publish::{Encoded, Sink, free_port_block};
 use loadlink_router::LoadSignal;
 use loadlink_testkit::{
-    http_worker, router, scrape, wait_for, wait_until_sync, worker_json, workers,
+    complete, complete_ok, http_worker, post, router, scrape, snapshot_pub, wait_for,
+    wait_until_sync, worker_json, worker_of, workers,
 };
+use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
-use loadlink_wire::{Generation, LoadSnapshot};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -19,13 +20,6 @@ async fn engine(time_scale: f64) -> Engine {
     loadlink_testkit::publishing_engine(|c| c.time_scale = time_scale)
         .await
         .0
-}
-
-fn worker_of(resp: &reqwest::Response) -> String {
-    resp.headers()["x-loadlink-worker"]
-        .to_str()
-        .unwrap()
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -62,13 +56,7 @@ async fn engine_load_steers_away_from_a_worker_loaded_by_direct_clients() {
     let mut to_a = [0, 0];
     for (i, r) in [&engine_router, &inflight_router].iter().enumerate() {
         for _ in 0..20 {
-            let resp = c
-                .post(format!("{}/v1/completions", r.url()))
-                .json(&json!({"prompt": "hi", "max_tokens": 1}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
+            let resp = complete_ok(&c, &r.url(), &json!({"prompt": "hi", "max_tokens": 1})).await;
             if worker_of(&resp) == a.url() {
                 to_a[i] += 1;
             }
@@ -121,26 +109,13 @@ async fn fake_worker(advertise: bool) -> FakeWorker {
         );
         std::thread::spawn(move || {
             let ctx = zmq::Context::new();
-            let mut sink = PubSink::bind(
-                &ctx,
-                &format!("tcp://*:{load_port}"),
-                Generation::Snapshot,
-                0,
-                1,
-            )
-            .unwrap();
+            let mut sink = snapshot_pub(&ctx, load_port).unwrap();
             while !s.load(Ordering::Relaxed) {
                 if r.swap(false, Ordering::Relaxed) {
                     drop(sink);
                     // libzmq releases the port asynchronously: retry the bind briefly.
                     sink = wait_until_sync("rebinding the load port", 5, || {
-                        PubSink::bind(
-                            &ctx,
-                            &format!("tcp://*:{load_port}"),
-                            Generation::Snapshot,
-                            0,
-                            1,
-                        )
+                        snapshot_pub(&ctx, load_port)
                     });
                 }
                 if p.load(Ordering::Relaxed) {
@@ -193,15 +168,7 @@ async fn silence_falls_back_and_resumes_and_a_restart_is_picked_up() {
     .await;
     // No request fails because of it.
     for _ in 0..5 {
-        assert_eq!(
-            c.post(format!("{rurl}/v1/completions"))
-                .json(&json!({"prompt": "x"}))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        complete_ok(&c, &rurl, &json!({"prompt": "x"})).await;
     }
     fw.waiting.store(3, Ordering::Relaxed);
     fw.publishing.store(true, Ordering::Relaxed);
@@ -248,13 +215,7 @@ async fn a_worker_without_a_range_is_routed_on_inflight_with_its_reason() {
             .contains("kv_events is null"),
         "{w}"
     );
-    let resp = c
-        .post(format!("{}/v1/completions", r.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    complete_ok(&c, &r.url(), &json!({"prompt": "x"})).await;
     let m = scrape(&c, &r.url()).await;
     assert_eq!(
         m.value("loadlink_worker_engine_priced", &[("worker", &fw.url)]),
@@ -288,8 +249,7 @@ async fn no_inflight_leak_after_mixed_traffic_with_disconnects() {
                     let stream = i % 2 == 0;
                     let disconnect = i % 10 == 3;
                     let body = json!({"prompt": "hello", "max_tokens": if disconnect { 400 } else { 3 }, "stream": stream || disconnect});
-                    let mut resp = c.post(format!("{url}/v1/completions")).json(&body).send().await.unwrap();
-                    assert_eq!(resp.status(), 200);
+                    let mut resp = complete_ok(&c, &url, &body).await;
                     if disconnect {
                         let _ = resp.chunk().await; // first event, then hang up mid-stream
                         drop(resp);
@@ -342,7 +302,8 @@ async fn streams_survive_load_swings_and_dead_workers_are_retried_around() {
         .map(|_| {
             let (c, url) = (c.clone(), r.url());
             tokio::spawn(async move {
-                let resp = c.post(format!("{url}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": true})).send().await.unwrap();
+                let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": true});
+                let resp = post(&c, &format!("{url}/v1/chat/completions"), &body).await;
                 assert_eq!(resp.status(), 200);
                 resp.text().await.unwrap()
             })
@@ -350,12 +311,7 @@ async fn streams_survive_load_swings_and_dead_workers_are_retried_around() {
         .collect();
     // A burst of other traffic swings the load while the streams run.
     for _ in 0..40 {
-        let resp = c
-            .post(format!("{}/v1/completions", r.url()))
-            .json(&json!({"prompt": "x", "max_tokens": 5}))
-            .send()
-            .await
-            .unwrap();
+        let resp = complete(&c, &r.url(), &json!({"prompt": "x", "max_tokens": 5})).await;
         assert_eq!(resp.status(), 200, "a dead worker is retried around");
         assert_eq!(worker_of(&resp), a.url());
         resp.bytes().await.unwrap();
@@ -387,19 +343,14 @@ async fn admin_api_and_bad_input() {
     let fw = fake_worker(false).await;
     let c = reqwest::Client::new();
     let closed = router(vec![], LoadSignal::Engine, |_| {}).await;
-    let resp = c
-        .post(format!("{}/workers", closed.url()))
-        .json(&json!({"url": fw.url}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post(
+        &c,
+        &format!("{}/workers", closed.url()),
+        &json!({"url": fw.url}),
+    )
+    .await;
     assert_eq!(resp.status(), 403, "no --admin-token: admin API off");
-    let resp = c
-        .post(format!("{}/v1/completions", closed.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = complete(&c, &closed.url(), &json!({"prompt": "x"})).await;
     assert_eq!(resp.status(), 503);
     assert!(resp.text().await.unwrap().contains("no workers"));
     closed.stop().await;
@@ -424,13 +375,7 @@ async fn admin_api_and_bad_input() {
     assert_eq!(add(Some("s3cret"), "ftp://x".into()).await, 400);
     assert_eq!(add(Some("s3cret"), fw.url.clone()).await, 201);
     assert_eq!(workers(&c, &r.url()).await.len(), 1);
-    let resp = c
-        .post(format!("{}/v1/completions", r.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    complete_ok(&c, &r.url(), &json!({"prompt": "x"})).await;
     let big = c
         .post(format!("{}/v1/completions", r.url()))
         .body(vec![b'x'; 8192])

@@ -10,20 +10,27 @@
 //! * [`wait`]: bounded polling of a condition, async and blocking.
 //! * [`kv`]: the SGLang `--kv-events-config` JSON and the `/server_info` descriptor a worker shows.
 //! * [`engine`] / [`router`]: in-process starters on free ports, and router-side readers.
+//! * [`http`]: the requests every suite sends (a completion, a page as JSON or text), checking
+//!   the status and naming the URL on failure.
+//! * [`pub_sink`]: the PUB load socket a test binds when it plays the engine.
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
 pub mod engine;
+pub mod http;
 pub mod kv;
 pub mod metrics;
+pub mod pub_sink;
 pub mod router;
 pub mod sub;
 pub mod wait;
 
 pub use engine::{engine, publishing_engine};
+pub use http::{complete, complete_ok, get_json, get_text, post, post_json};
 pub use kv::KvEvents;
 pub use metrics::scrape;
-pub use router::{http_worker, router, worker_json, workers};
+pub use pub_sink::snapshot_pub;
+pub use router::{http_worker, router, worker_json, worker_of, workers};
 pub use sub::{drain_snapshots, first_message, joined_sub, publish_until_received, sub};
 pub use wait::{wait_for, wait_for_sync, wait_until, wait_until_sync};

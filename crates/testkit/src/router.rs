@@ -2,6 +2,7 @@
 //! completions and advertises (or not) a load socket the test feeds itself, and readers of the
 //! router's `/workers` admin view.
 
+use crate::http::get_json;
 use crate::kv::advertised;
 use axum::routing::{get, post};
 use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
@@ -51,14 +52,7 @@ pub async fn http_worker(load_port: Option<u16>) -> String {
 
 /// The router's `/workers` list.
 pub async fn workers(c: &reqwest::Client, router_url: &str) -> Vec<Value> {
-    let v: Value = c
-        .get(format!("{router_url}/workers"))
-        .send()
-        .await
-        .expect("GET /workers")
-        .json()
-        .await
-        .expect("/workers is JSON");
+    let v = get_json(c, &format!("{router_url}/workers")).await;
     v["workers"].as_array().expect("a workers array").clone()
 }
 
@@ -69,4 +63,13 @@ pub async fn worker_json(c: &reqwest::Client, router_url: &str, worker_url: &str
         .into_iter()
         .find(|w| w["url"] == worker_url)
         .unwrap_or_else(|| panic!("{worker_url} not in /workers"))
+}
+
+/// The worker a router sent `resp` to, from its `x-loadlink-worker` header.
+pub fn worker_of(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("x-loadlink-worker")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("no x-loadlink-worker header: {:?}", resp.headers()))
+        .to_string()
 }
