@@ -11,7 +11,7 @@ use ab_glyph::{Font, FontRef, GlyphId, PxScaleFont, ScaleFont};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
 use plotters_backend::{
-    self as backend, BackendColor, BackendCoord, BackendTextStyle, DrawingErrorKind,
+    BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingErrorKind,
 };
 
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
@@ -40,8 +40,8 @@ type BitmapResult = Result<(), DrawingErrorKind<BitmapError>>;
 
 /// Methods that only hand their arguments on to the wrapped `BitMapBackend`.
 macro_rules! delegate {
-    ($(fn $name:ident[$($generics:tt)*]($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name<$($generics)*>(&mut self, $($arg: $ty),*) -> $ret {
+    ($(fn $name:ident[$($generics:tt)*]($($arg:ident: $ty:ty),*);)*) => {
+        $(fn $name<$($generics)*>(&mut self, $($arg: $ty),*) -> BitmapResult {
             self.0.$name($($arg),*)
         })*
     };
@@ -55,20 +55,15 @@ impl DrawingBackend for Bitmap<'_> {
     }
 
     delegate! {
-        fn ensure_prepared[]() -> BitmapResult;
-        fn present[]() -> BitmapResult;
-        fn draw_pixel[](p: BackendCoord, c: BackendColor) -> BitmapResult;
-        fn draw_line[S: backend::BackendStyle](a: BackendCoord, b: BackendCoord, s: &S)
-            -> BitmapResult;
-        fn draw_rect[S: backend::BackendStyle](a: BackendCoord, b: BackendCoord, s: &S, fill: bool)
-            -> BitmapResult;
-        fn draw_path[S: backend::BackendStyle, I: IntoIterator<Item = BackendCoord>](path: I, s: &S)
-            -> BitmapResult;
-        fn draw_circle[S: backend::BackendStyle](c: BackendCoord, r: u32, s: &S, fill: bool)
-            -> BitmapResult;
-        fn fill_polygon[S: backend::BackendStyle, I: IntoIterator<Item = BackendCoord>](vert: I, s: &S)
-            -> BitmapResult;
-        fn blit_bitmap[](pos: BackendCoord, size: (u32, u32), src: &[u8]) -> BitmapResult;
+        fn ensure_prepared[]();
+        fn present[]();
+        fn draw_pixel[](p: BackendCoord, c: BackendColor);
+        fn draw_line[S: BackendStyle](a: BackendCoord, b: BackendCoord, s: &S);
+        fn draw_rect[S: BackendStyle](a: BackendCoord, b: BackendCoord, s: &S, fill: bool);
+        fn draw_path[S: BackendStyle, I: IntoIterator<Item = BackendCoord>](path: I, s: &S);
+        fn draw_circle[S: BackendStyle](c: BackendCoord, r: u32, s: &S, fill: bool);
+        fn fill_polygon[S: BackendStyle, I: IntoIterator<Item = BackendCoord>](vert: I, s: &S);
+        fn blit_bitmap[](pos: BackendCoord, size: (u32, u32), src: &[u8]);
     }
 
     fn draw_text<T: BackendTextStyle>(
