@@ -9,7 +9,8 @@ use axum::response::{IntoResponse, Response};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType, Number};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use crate::rank::CacheCounters;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The labels of SGLang's per-rank gauges.
 struct RankLabels<'a> {
@@ -40,6 +41,79 @@ impl LabelSet for PublishLabels {
 }
 
 type Gauge = (&'static str, &'static str, fn(&LoadSnapshot) -> f64);
+
+/// `rank` (and `outcome`) labels of the per-rank cache and KV-event families.
+struct RankOutcome {
+    rank: u32,
+    outcome: Option<&'static str>,
+}
+
+impl LabelSet for RankOutcome {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("rank", self.rank);
+        if let Some(o) = self.outcome {
+            w.label("outcome", o);
+        }
+    }
+}
+
+type CacheReading = fn(&CacheCounters) -> &AtomicU64;
+
+/// The prefix cache per rank: lifetime hit and prompt tokens (their ratio is the hit rate since
+/// start; `sglang:cache_hit_rate` is SGLang's 15 s window) and what the cache holds now.
+const CACHE_FAMILIES: [(&str, MetricType, &str, CacheReading); 3] = [
+    (
+        "loadlink_engine_cache_hit_tokens_total",
+        MetricType::Counter,
+        "Prompt tokens served from the prefix cache",
+        |c| &c.hit_tokens,
+    ),
+    (
+        "loadlink_engine_prompt_tokens_total",
+        MetricType::Counter,
+        "Prompt tokens admitted (cached or computed)",
+        |c| &c.prompt_tokens,
+    ),
+    (
+        "loadlink_engine_cached_tokens",
+        MetricType::Gauge,
+        "Tokens held by the prefix cache",
+        |c| &c.cached_tokens,
+    ),
+];
+
+fn cache_families(page: &mut Exposition, st: &AppState) {
+    for (name, ty, help, read) in CACHE_FAMILIES {
+        let mut family = page.family(name, ty, help);
+        for r in &st.ranks {
+            let labels = RankOutcome {
+                rank: r.rank,
+                outcome: None,
+            };
+            family.sample(&labels, read(&r.cache).load(Ordering::Relaxed));
+        }
+    }
+    let mut kv = page.family(
+        "loadlink_engine_kv_event_batches_total",
+        MetricType::Counter,
+        "KV-event batches per rank and outcome (dropped: queue full; replays: requests served)",
+    );
+    for r in &st.ranks {
+        let Some(k) = &r.kv_events else { continue };
+        for (outcome, v) in [
+            ("published", &k.published),
+            ("dropped", &k.dropped),
+            ("errors", &k.errors),
+            ("replays", &k.replays),
+        ] {
+            let labels = RankOutcome {
+                rank: r.rank,
+                outcome: Some(outcome),
+            };
+            kv.sample(&labels, v.load(Ordering::Relaxed));
+        }
+    }
+}
 
 /// SGLang's gauge names, read from each rank's snapshot.
 const RANK_GAUGES: [Gauge; 8] = [
@@ -113,6 +187,7 @@ pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     for (name, ty, help, v) in counters {
         page.single(name, ty, help, v);
     }
+    cache_families(&mut page, &st);
     let mut publish = page.family(
         "loadlink_publish_total",
         MetricType::Counter,

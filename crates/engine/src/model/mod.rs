@@ -458,4 +458,6 @@ impl Scheduler {
 }
 
 #[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
 mod tests;

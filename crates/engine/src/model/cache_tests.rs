@@ -1,0 +1,126 @@
+//! The prefix cache inside the scheduler model, against hand-computed expectations.
+
+use super::*;
+use crate::radix::PageChain;
+use crate::tokenize::OUTPUT_TOKEN;
+use loadlink_wire::kv_events::{BlockRemoved, KvEvent};
+
+fn cfg(page: usize, total: u64) -> ModelConfig {
+    ModelConfig {
+        page_size: page,
+        max_total_tokens: total,
+        new_token_ratio: 0.0,
+        ..Default::default()
+    }
+}
+
+fn ids(range: std::ops::Range<u32>) -> Arc<[u32]> {
+    range.collect::<Vec<_>>().into()
+}
+
+/// Steps until idle; returns the virtual time reached.
+fn drain(s: &mut Scheduler, mut now: f64) -> f64 {
+    loop {
+        let st = s.step(now);
+        if st.kind == StepKind::Idle {
+            return now;
+        }
+        now += st.duration;
+    }
+}
+
+#[test]
+fn multi_turn_hits_equal_the_hand_computed_pages() {
+    // Page 4. Turn 1: 10 prompt tokens, 3 generated → the cache keeps the prompt and the first 2
+    // outputs (the last has no KV yet): 12 tokens, 3 pages.
+    let mut s = Scheduler::new(cfg(4, 10_000));
+    let turn1 = ids(100..110);
+    s.submit(Submit::tokens(1, turn1.clone(), 3));
+    let now = drain(&mut s, 0.0);
+    assert_eq!(s.cache_stats().cached_tokens, 12);
+    assert_eq!(s.cache_totals(), (0, 10));
+    // Turn 2 = turn 1 + its 3-token answer + 6 new tokens: 19 tokens. Its pages are hashed over
+    // all but the last token (16 → 4 pages); the first 3 are cached, the 4th ([OUT, 50, 51, 52])
+    // is not: 12 tokens hit, 7 computed.
+    let mut turn2: Vec<u32> = turn1.to_vec();
+    turn2.extend([OUTPUT_TOKEN; 3]);
+    turn2.extend(50..56);
+    s.submit(Submit::tokens(2, turn2.into(), 2));
+    let queued = s.snapshot(0, 0.0);
+    assert_eq!(queued.num_waiting_uncached_tokens, 7, "matched when queued");
+    let before = s.snapshot(0, 0.0).total_prefill_uncached_tokens;
+    drain(&mut s, now);
+    let after = s.snapshot(0, 0.0);
+    assert_eq!(after.total_prefill_uncached_tokens - before, 7, "only uncached tokens prefill");
+    assert_eq!(s.cache_totals(), (12, 29));
+    assert!((s.cache_hit_rate() - 12.0 / 29.0).abs() < 1e-12);
+    // Turn 2 added its 4th page and the one after: 19 prompt + 1 output with KV = 20 tokens.
+    assert_eq!(s.cache_stats().cached_tokens, 20);
+    // Nothing runs, so nothing is locked: every cached token is evictable and none is "used".
+    assert_eq!(after.num_used_tokens, 0);
+}
+
+#[test]
+fn pressure_evicts_only_unlocked_lru_leaves_and_announces_exactly_them() {
+    let mut s = Scheduler::with_kv_events(cfg(4, 40));
+    let (a, b) = (ids(0..12), ids(100..112));
+    for (id, p) in [(1, &a), (2, &b)] {
+        s.submit(Submit::tokens(id, p.clone(), 1));
+        drain(&mut s, 0.0);
+    }
+    assert_eq!(s.cache_stats().cached_tokens, 24);
+    s.take_kv_events();
+    // D extends b and keeps running: it locks b's 3 pages (12 tokens hit, 5 computed).
+    let mut d = b.to_vec();
+    d.extend(200..205);
+    s.submit(Submit::tokens(3, d.into(), 1000));
+    s.step(0.0);
+    assert_eq!(s.num_running(), 1);
+    assert_eq!(s.cache_totals().0, 12);
+    // C needs 20 fresh tokens; free = 40 - 5 (D's own) - 24 (cached) = 11, so 9 more tokens must
+    // go: a's pages, leaf first (12 tokens), never b's, which D holds.
+    s.submit(Submit::tokens(4, ids(300..320), 1));
+    s.step(0.1);
+    let chain_a = PageChain::of(&a, 4);
+    let events = s.take_kv_events();
+    assert_eq!(
+        events[0],
+        KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![chain_a.hashes[2], chain_a.hashes[1], chain_a.hashes[0]],
+            medium: Some("GPU".into()),
+        })
+    );
+    // Then C, done at its first token, caches its 5 pages.
+    let [_, KvEvent::Stored(c)] = &events[..] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(c.block_hashes, PageChain::of(&ids(300..320), 4).hashes);
+    let chain_b = PageChain::of(&b, 4);
+    assert!(chain_b.hashes.iter().all(|h| s.cache.contains(*h)));
+    assert!(s.used_tokens() <= 40);
+}
+
+#[test]
+fn retraction_releases_the_lock_and_the_request_rematches() {
+    // A pool too small for two growing requests that share a cached prefix.
+    let mut s = Scheduler::new(ModelConfig {
+        new_token_ratio: 0.0,
+        ..cfg(4, 64)
+    });
+    let shared = ids(0..16);
+    s.submit(Submit::tokens(1, shared.clone(), 1));
+    drain(&mut s, 0.0);
+    for id in [2, 3] {
+        let mut p = shared.to_vec();
+        p.extend(1000 * id as u32..1000 * id as u32 + 4);
+        s.submit(Submit::tokens(id, p.into(), 40));
+    }
+    let now = drain(&mut s, 0.0);
+    assert!(s.retractions() > 0, "the pool forced a retraction");
+    assert!(s.is_idle() && now > 0.0);
+    // Both finished; the retracted one re-matched the shared prefix when re-admitted.
+    let (hit, prompt) = s.cache_totals();
+    assert_eq!(prompt, 16 + 20 + 20, "a re-admission is not counted twice");
+    assert_eq!(hit, 2 * 16);
+    assert_eq!(s.used_tokens(), 0, "every lock released");
+}

@@ -1,0 +1,72 @@
+//! The engine's prefix cache over HTTP: a repeated prompt hits, the counters in `/metrics` say by
+//! how much, and the KV-event stream (read back through the replay socket, so no slow-joiner
+//! race) announces exactly the pages SGLang's hash chain names.
+
+use loadlink_engine::tokenize::OUTPUT_TOKEN;
+use loadlink_publish::free_port_block;
+use loadlink_testkit::{KvEvents, complete_ok, engine, scrape, wait_until};
+use loadlink_wire::kv_events::{KvEvent, decode_kv_batch, page_hashes};
+use serde_json::json;
+
+/// Every batch the rank-0 replay socket still holds, from seq 0.
+fn replay_all(port: u16) -> Vec<(i64, Vec<KvEvent>)> {
+    let ctx = zmq::Context::new();
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    dealer.send_multipart([&b""[..], &0i64.to_be_bytes()], 0).unwrap();
+    let mut out = Vec::new();
+    loop {
+        assert!(dealer.poll(zmq::POLLIN, 10_000).unwrap() > 0, "replay timed out");
+        let f = dealer.recv_multipart(0).unwrap();
+        let seq = i64::from_be_bytes(f[2][..].try_into().unwrap());
+        if seq == -1 {
+            return out;
+        }
+        out.push((seq, decode_kv_batch(&f[3]).unwrap().events));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_hits_and_its_pages_are_announced_once() {
+    let kv = free_port_block(3).unwrap(); // KV, then the load range, then replay
+    let e = engine(|cfg| {
+        cfg.kv_events_config = Some(KvEvents::zmq(kv).replay(kv + 2).json());
+        cfg.time_scale = 20.0;
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let prompt: Vec<u32> = (1000..1064).collect();
+    for _ in 0..2 {
+        let body = json!({"input_ids": prompt, "max_tokens": 2});
+        complete_ok(&c, &e.url(), &body).await;
+    }
+    // Page 16: the first request computed 64 tokens; the second matched 3 pages (its pages are
+    // hashed over all but its last token) and computed 16.
+    let m = wait_until("the second request's hit counted", 10, || async {
+        let m = scrape(&c, &e.url()).await;
+        match m.value("loadlink_engine_prompt_tokens_total", &[("rank", "0")]) {
+            Some(p) if p >= 128.0 => Ok(m),
+            other => Err(format!("prompt tokens {other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        m.value("loadlink_engine_cache_hit_tokens_total", &[("rank", "0")]),
+        Some(48.0)
+    );
+    assert!(m.value("sglang:cache_hit_rate", &[("dp_rank", "0")]).unwrap() > 0.0);
+    // The cache holds the prompt and the one output token with KV: 65 tokens, 4 full pages.
+    let mut cached = prompt.clone();
+    cached.push(OUTPUT_TOKEN);
+    let stored: Vec<_> = replay_all(kv + 2)
+        .into_iter()
+        .flat_map(|(_, events)| events)
+        .collect();
+    let [KvEvent::Stored(s)] = &stored[..] else {
+        panic!("one BlockStored expected: {stored:?}")
+    };
+    assert_eq!(s.block_hashes, page_hashes(&cached, 16));
+    assert_eq!((s.parent_block_hash, s.block_size), (None, 16));
+    assert_eq!(s.token_ids.len(), 64);
+    e.stop().await;
+}
