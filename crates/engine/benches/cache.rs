@@ -13,7 +13,9 @@ const PAGE: usize = 16;
 const PROMPT: u32 = 8192;
 
 fn prompt(salt: u32) -> Vec<u32> {
-    (0..PROMPT).map(|i| i.wrapping_mul(2654435761) ^ salt).collect()
+    (0..PROMPT)
+        .map(|i| i.wrapping_mul(2654435761) ^ salt)
+        .collect()
 }
 
 /// A cache holding `n` distinct 8k prompts.

@@ -3,13 +3,13 @@
 //! written through the one Prometheus writer (`loadlink_wire::prom`), one family at a time.
 
 use crate::http::AppState;
+use crate::rank::CacheCounters;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType, Number};
 use std::sync::Arc;
-use crate::rank::CacheCounters;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The labels of SGLang's per-rank gauges.

@@ -13,10 +13,15 @@ fn replay_all(port: u16) -> Vec<(i64, Vec<KvEvent>)> {
     let ctx = zmq::Context::new();
     let dealer = ctx.socket(zmq::DEALER).unwrap();
     dealer.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
-    dealer.send_multipart([&b""[..], &0i64.to_be_bytes()], 0).unwrap();
+    dealer
+        .send_multipart([&b""[..], &0i64.to_be_bytes()], 0)
+        .unwrap();
     let mut out = Vec::new();
     loop {
-        assert!(dealer.poll(zmq::POLLIN, 10_000).unwrap() > 0, "replay timed out");
+        assert!(
+            dealer.poll(zmq::POLLIN, 10_000).unwrap() > 0,
+            "replay timed out"
+        );
         let f = dealer.recv_multipart(0).unwrap();
         let seq = i64::from_be_bytes(f[2][..].try_into().unwrap());
         if seq == -1 {
@@ -54,7 +59,11 @@ async fn a_repeated_prompt_hits_and_its_pages_are_announced_once() {
         m.value("loadlink_engine_cache_hit_tokens_total", &[("rank", "0")]),
         Some(48.0)
     );
-    assert!(m.value("sglang:cache_hit_rate", &[("dp_rank", "0")]).unwrap() > 0.0);
+    assert!(
+        m.value("sglang:cache_hit_rate", &[("dp_rank", "0")])
+            .unwrap()
+            > 0.0
+    );
     // The cache holds the prompt and the one output token with KV: 65 tokens, 4 full pages.
     let mut cached = prompt.clone();
     cached.push(OUTPUT_TOKEN);

@@ -170,11 +170,12 @@ impl Seen {
         let _ = match &self.last {
             Some(x) => writeln!(
                 s,
-                "{:<40} {:>7} {:>7} {:>5.1}% {:>9.0} {:>8} {:>8} {:>8}",
+                "{:<40} {:>7} {:>7} {:>5.1}% {:>5.1}% {:>9.0} {:>8} {:>8} {:>8}",
                 self.label,
                 x.num_running_reqs,
                 x.num_waiting_reqs,
                 x.token_usage() * 100.0,
+                x.cache_hit_rate() * 100.0,
                 x.gen_throughput(),
                 self.seq,
                 self.received,
@@ -182,8 +183,8 @@ impl Seen {
             ),
             None => writeln!(
                 s,
-                "{:<40} {:>7} {:>7} {:>6} {:>9} {:>8} {:>8} {:>8}",
-                self.label, "-", "-", "-", "-", "-", self.received, age
+                "{:<40} {:>7} {:>7} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8}",
+                self.label, "-", "-", "-", "-", "-", "-", self.received, age
             ),
         };
         if self.dropped > 0 {
@@ -248,8 +249,8 @@ impl LoadWatch {
         let mut s = String::from("\x1b[H\x1b[2J");
         let _ = writeln!(
             s,
-            "{:<40} {:>7} {:>7} {:>6} {:>9} {:>8} {:>8} {:>8}",
-            "target", "running", "waiting", "KV%", "tok/s", "seq", "msgs", "age"
+            "{:<40} {:>7} {:>7} {:>6} {:>6} {:>9} {:>8} {:>8} {:>8}",
+            "target", "running", "waiting", "KV%", "hit%", "tok/s", "seq", "msgs", "age"
         );
         for row in &self.rows {
             row.seen.render(&mut s);
@@ -305,6 +306,7 @@ mod tests {
         .unwrap();
         let load = snapshot_bytes(&LoadSnapshot {
             num_waiting_reqs: 4,
+            cache_hit_rate: Some(0.625),
             ..Default::default()
         });
         let (mut loads, mut drops) = (Vec::new(), Vec::new());
@@ -329,7 +331,10 @@ mod tests {
         assert_eq!(drops.first(), Some(&"frame_count"));
         let screen = view.screen();
         assert!(
-            screen.contains("r0") && screen.contains("malformed frames dropped"),
+            screen.contains("r0")
+                && screen.contains("hit%")
+                && screen.contains(" 62.5%")
+                && screen.contains("malformed frames dropped"),
             "{screen}"
         );
     }

@@ -51,7 +51,11 @@ fn multi_turn_hits_equal_the_hand_computed_pages() {
     let before = s.snapshot(0, 0.0).total_prefill_uncached_tokens;
     drain(&mut s, now);
     let after = s.snapshot(0, 0.0);
-    assert_eq!(after.total_prefill_uncached_tokens - before, 7, "only uncached tokens prefill");
+    assert_eq!(
+        after.total_prefill_uncached_tokens - before,
+        7,
+        "only uncached tokens prefill"
+    );
     assert_eq!(s.cache_totals(), (12, 29));
     assert!((s.cache_hit_rate() - 12.0 / 29.0).abs() < 1e-12);
     // Turn 2 added its 4th page and the one after: 19 prompt + 1 output with KV = 20 tokens.
