@@ -26,13 +26,13 @@ impl LabelSet for RankLabels<'_> {
 }
 
 /// The labels of `loadlink_publish_total`.
-struct PublishLabels {
+struct PublishLabels<'a> {
     rank: u32,
-    sink: &'static str,
-    outcome: &'static str,
+    sink: &'a str,
+    outcome: &'a str,
 }
 
-impl LabelSet for PublishLabels {
+impl LabelSet for PublishLabels<'_> {
     fn write_labels(&self, w: &mut LabelWriter<'_>) {
         w.label("rank", self.rank);
         w.label("sink", self.sink);
@@ -42,18 +42,12 @@ impl LabelSet for PublishLabels {
 
 type Gauge = (&'static str, &'static str, fn(&LoadSnapshot) -> f64);
 
-/// `rank` (and `outcome`) labels of the per-rank cache and KV-event families.
-struct RankOutcome {
-    rank: u32,
-    outcome: Option<&'static str>,
-}
+/// The `rank` label of the per-rank cache families.
+struct Rank(u32);
 
-impl LabelSet for RankOutcome {
+impl LabelSet for Rank {
     fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("rank", self.rank);
-        if let Some(o) = self.outcome {
-            w.label("outcome", o);
-        }
+        w.label("rank", self.0);
     }
 }
 
@@ -86,31 +80,7 @@ fn cache_families(page: &mut Exposition, st: &AppState) {
     for (name, ty, help, read) in CACHE_FAMILIES {
         let mut family = page.family(name, ty, help);
         for r in &st.ranks {
-            let labels = RankOutcome {
-                rank: r.rank,
-                outcome: None,
-            };
-            family.sample(&labels, read(&r.cache).load(Ordering::Relaxed));
-        }
-    }
-    let mut kv = page.family(
-        "loadlink_engine_kv_event_batches_total",
-        MetricType::Counter,
-        "KV-event batches per rank and outcome (dropped: queue full; replays: requests served)",
-    );
-    for r in &st.ranks {
-        let Some(k) = &r.kv_events else { continue };
-        for (outcome, v) in [
-            ("published", &k.published),
-            ("dropped", &k.dropped),
-            ("errors", &k.errors),
-            ("replays", &k.replays),
-        ] {
-            let labels = RankOutcome {
-                rank: r.rank,
-                outcome: Some(outcome),
-            };
-            kv.sample(&labels, v.load(Ordering::Relaxed));
+            family.sample(&Rank(r.rank), read(&r.cache).load(Ordering::Relaxed));
         }
     }
 }
@@ -188,19 +158,47 @@ pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         page.single(name, ty, help, v);
     }
     cache_families(&mut page, &st);
+    publish_family(&mut page, &st);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        page.finish(),
+    )
+        .into_response()
+}
+
+/// `loadlink_publish_total{rank,sink,outcome}`: every sink's outcomes, KV events included.
+fn publish_family(page: &mut Exposition, st: &AppState) {
     let mut publish = page.family(
         "loadlink_publish_total",
         MetricType::Counter,
-        "Load publications per rank, sink and outcome",
+        "Publications per rank, sink and outcome: the load sinks' snapshots, and the kv_events \
+         sink's batches (dropped: its queue was full; replays: replay requests served)",
     );
     for r in &st.ranks {
-        for (sink, s) in &r.sink_stats {
-            for (outcome, v) in [
-                ("published", &s.published),
-                ("dropped", &s.dropped),
-                ("skipped", &s.skipped),
-                ("failed", &s.failed),
-            ] {
+        let mut sinks: Vec<(&str, Vec<(&str, &AtomicU64)>)> = r
+            .sink_stats
+            .iter()
+            .map(|(sink, s)| {
+                let outcomes = vec![
+                    ("published", &s.published),
+                    ("dropped", &s.dropped),
+                    ("skipped", &s.skipped),
+                    ("failed", &s.failed),
+                ];
+                (*sink, outcomes)
+            })
+            .collect();
+        if let Some(k) = &r.kv_events {
+            let outcomes = vec![
+                ("published", &k.published),
+                ("dropped", &k.dropped),
+                ("failed", &k.errors),
+                ("replays", &k.replays),
+            ];
+            sinks.push(("kv_events", outcomes));
+        }
+        for (sink, outcomes) in sinks {
+            for (outcome, v) in outcomes {
                 let labels = PublishLabels {
                     rank: r.rank,
                     sink,
@@ -210,9 +208,4 @@ pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             }
         }
     }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        page.finish(),
-    )
-        .into_response()
 }

@@ -4,32 +4,9 @@
 
 use loadlink_engine::tokenize::OUTPUT_TOKEN;
 use loadlink_publish::free_port_block;
-use loadlink_testkit::{KvEvents, complete_ok, engine, scrape, wait_until};
+use loadlink_testkit::{KvEvents, complete_ok, engine, replay, scrape, wait_until};
 use loadlink_wire::kv_events::{KvEvent, decode_kv_batch, page_hashes};
 use serde_json::json;
-
-/// Every batch the rank-0 replay socket still holds, from seq 0.
-fn replay_all(port: u16) -> Vec<(i64, Vec<KvEvent>)> {
-    let ctx = zmq::Context::new();
-    let dealer = ctx.socket(zmq::DEALER).unwrap();
-    dealer.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
-    dealer
-        .send_multipart([&b""[..], &0i64.to_be_bytes()], 0)
-        .unwrap();
-    let mut out = Vec::new();
-    loop {
-        assert!(
-            dealer.poll(zmq::POLLIN, 10_000).unwrap() > 0,
-            "replay timed out"
-        );
-        let f = dealer.recv_multipart(0).unwrap();
-        let seq = i64::from_be_bytes(f[2][..].try_into().unwrap());
-        if seq == -1 {
-            return out;
-        }
-        out.push((seq, decode_kv_batch(&f[3]).unwrap().events));
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_prompt_hits_and_its_pages_are_announced_once() {
@@ -67,9 +44,9 @@ async fn a_repeated_prompt_hits_and_its_pages_are_announced_once() {
     // The cache holds the prompt and the one output token with KV: 65 tokens, 4 full pages.
     let mut cached = prompt.clone();
     cached.push(OUTPUT_TOKEN);
-    let stored: Vec<_> = replay_all(kv + 2)
+    let stored: Vec<_> = replay(kv + 2, 0)
         .into_iter()
-        .flat_map(|(_, events)| events)
+        .flat_map(|r| decode_kv_batch(&r.payload).unwrap().events)
         .collect();
     let [KvEvent::Stored(s)] = &stored[..] else {
         panic!("one BlockStored expected: {stored:?}")

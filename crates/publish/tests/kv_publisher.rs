@@ -2,7 +2,7 @@
 //! end marker, and a full queue that drops (counted) instead of blocking.
 
 use loadlink_publish::{KvEventPublisher, KvPublisherConfig, free_port_block};
-use loadlink_testkit::{first_message, sub};
+use loadlink_testkit::{first_message, replay, sub};
 use loadlink_wire::kv_events::{BlockRemoved, KvEvent, KvEventBatch, decode_kv_batch};
 use std::sync::atomic::Ordering;
 
@@ -67,30 +67,13 @@ fn live_frames_in_order_and_replay_from_a_seq() {
     );
 
     // Replay from the seq of batch 3: the buffer (4 steps) still holds 2..5.
-    let dealer = ctx.socket(zmq::DEALER).unwrap();
-    dealer
-        .connect(&format!("tcp://127.0.0.1:{}", ports[1]))
-        .unwrap();
-    let from = first + 3;
-    dealer
-        .send_multipart([&b""[..], &from.to_be_bytes()], 0)
-        .unwrap();
-    let mut replayed = Vec::new();
-    loop {
-        assert!(
-            dealer.poll(zmq::POLLIN, 5000).unwrap() > 0,
-            "replay timed out"
-        );
-        let f = dealer.recv_multipart(0).unwrap();
-        assert_eq!(f.len(), 4, "{f:?}");
-        let seq = i64::from_be_bytes(f[2][..].try_into().unwrap());
-        if seq == -1 {
-            assert!(f[1].is_empty() && f[3].is_empty());
-            break;
-        }
-        assert_eq!(f[1], b"kv");
-        replayed.push((seq, decode_kv_batch(&f[3]).unwrap()));
-    }
+    let replayed: Vec<_> = replay(ports[1], first + 3)
+        .into_iter()
+        .map(|r| {
+            assert_eq!(r.topic, b"kv");
+            (r.seq, decode_kv_batch(&r.payload).unwrap())
+        })
+        .collect();
     assert_eq!(replayed, live[3..].to_vec());
     assert_eq!(p.stats().replays.load(Ordering::Relaxed), 1);
 }

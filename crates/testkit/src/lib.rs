@@ -13,6 +13,7 @@
 //! * [`http`]: the requests every suite sends (a completion, a page as JSON or text), checking
 //!   the status and naming the URL on failure.
 //! * [`pub_sink`]: the PUB load socket a test binds when it plays the engine.
+//! * [`replay`]: asks a KV-event publisher's replay socket for its buffered batches.
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
@@ -22,6 +23,7 @@ pub mod http;
 pub mod kv;
 pub mod metrics;
 pub mod pub_sink;
+pub mod replay;
 pub mod router;
 pub mod sub;
 pub mod wait;
@@ -31,6 +33,7 @@ pub use http::{complete, complete_ok, get_json, get_text, post, post_json};
 pub use kv::KvEvents;
 pub use metrics::scrape;
 pub use pub_sink::snapshot_pub;
+pub use replay::{Replayed, replay};
 pub use router::{http_worker, router, worker_json, worker_of, workers};
 pub use sub::{drain_snapshots, first_message, joined_sub, publish_until_received, sub};
 pub use wait::{wait_for, wait_for_sync, wait_until, wait_until_sync};

@@ -237,13 +237,8 @@ pub fn decode_snapshot_into(buf: &[u8], s: &mut LoadSnapshot) -> Result<(), Deco
     }
     let mut hint = 0;
     for _ in 0..n {
-        let key = match r.next()? {
-            Token::Str(k) => k,
-            _ => {
-                // Not a field of ours: skip its value too.
-                r.skip()?;
-                continue;
-            }
+        let Some(key) = r.str_key()? else {
+            continue;
         };
         // In-order core key (the common case) first; then the section names, so a section key
         // does not pay for a scan of every core name; then a core key out of order.

@@ -244,12 +244,8 @@ fn decode_event(r: &mut Reader<'_>) -> Result<KvEvent, DecodeError> {
     let mut stored = BlockStored::default();
     let mut removed_medium = None;
     for _ in 0..n {
-        let key = match r.next()? {
-            Token::Str(k) => k,
-            _ => {
-                r.skip()?;
-                continue;
-            }
+        let Some(key) = r.str_key()? else {
+            continue;
         };
         match key {
             b"type" => {

@@ -304,6 +304,15 @@ impl<'a> Reader<'a> {
     }
 
     /// Skips one complete value (containers included) without recursion.
+    /// The next map key when it is a string; any other key is skipped together with its value
+    /// (it names no field of ours) and gives `None`.
+    pub(crate) fn str_key(&mut self) -> Result<Option<&'a [u8]>, ReadError> {
+        match self.next()? {
+            Token::Str(k) => Ok(Some(k)),
+            _ => self.skip().map(|()| None),
+        }
+    }
+
     pub(crate) fn skip(&mut self) -> Result<(), ReadError> {
         let mut pending: usize = 1;
         let mut walked: usize = 0;
