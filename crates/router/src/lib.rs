@@ -12,6 +12,7 @@ pub mod book;
 pub mod config;
 pub mod dashboard;
 pub mod fleet;
+pub mod kv_index;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

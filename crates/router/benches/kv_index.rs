@@ -1,0 +1,71 @@
+//! The KV index's two hot paths: ingesting block events, and the longest-prefix match of an
+//! 8k-token prompt (512 blocks of 16) against 64 workers.
+
+use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use loadlink_router::kv_index::KvIndex;
+use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, page_hashes};
+
+const BLOCKS: usize = 512;
+const WORKERS: u32 = 64;
+
+fn chain(salt: u32) -> Vec<i64> {
+    let tokens: Vec<u32> = (0..(BLOCKS as u32 * 16)).map(|i| i ^ salt).collect();
+    page_hashes(&tokens, 16)
+}
+
+fn stored(hashes: &[i64]) -> KvEvent {
+    KvEvent::Stored(BlockStored {
+        block_hashes: hashes.to_vec(),
+        block_size: 16,
+        ..Default::default()
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    // Ingest: one worker's stream of 64-block stores and removals, 1,024 block events per batch.
+    let hashes = chain(1);
+    let events: Vec<KvEvent> = hashes
+        .chunks(64)
+        .map(stored)
+        .chain(hashes.chunks(64).map(|h| {
+            KvEvent::Removed(BlockRemoved {
+                block_hashes: h.to_vec(),
+                medium: None,
+            })
+        }))
+        .collect();
+    let mut g = c.benchmark_group("kv_index_ingest");
+    g.throughput(Throughput::Elements(2 * BLOCKS as u64));
+    g.bench_function("store_then_remove_512_blocks", |b| {
+        b.iter_batched_ref(
+            || KvIndex::new(1 << 20),
+            |ix| {
+                for e in &events {
+                    ix.apply(3, e);
+                }
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+
+    // Match: every worker holds a different-length prefix of the prompt's chain, plus its own
+    // unrelated blocks.
+    let prompt = chain(7);
+    let mut ix = KvIndex::new(1 << 22);
+    for w in 0..WORKERS {
+        let depth = (w as usize * BLOCKS / WORKERS as usize).max(1);
+        ix.apply(w, &stored(&prompt[..depth]));
+        ix.apply(w, &stored(&chain(1000 + w)));
+    }
+    let mut out = Vec::with_capacity(WORKERS as usize);
+    c.bench_function("kv_index_match_8k_prompt_64_workers", |b| {
+        b.iter(|| {
+            ix.match_into(black_box(&prompt), &mut out);
+            out.len()
+        })
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
