@@ -8,9 +8,9 @@
 //! read the routers' decision counters, and wait for the engines to drain.
 
 use crate::report::Row;
-use crate::scenario::{Scenario, VARIANTS, workload_spec};
+use crate::scenario::{Scenario, VARIANTS, arrivals};
 use crate::sim::{DirectTarget, Outcome, isolated_ttft};
-use crate::workload::{Arrival, generate};
+use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::Policy;
@@ -74,8 +74,8 @@ async fn get_json(c: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
     c.get(url).send().await.ok()?.json().await.ok()
 }
 
-/// A router's counter `name` (unlabelled) from its `/metrics`, read with the strict parser.
-async fn metric(c: &reqwest::Client, url: &str, name: &str) -> Result<f64, String> {
+/// A process's `/metrics`, read with the strict parser.
+async fn scrape(c: &reqwest::Client, url: &str) -> Result<prom::Scrape, String> {
     let text = c
         .get(format!("{url}/metrics"))
         .send()
@@ -84,9 +84,39 @@ async fn metric(c: &reqwest::Client, url: &str, name: &str) -> Result<f64, Strin
         .text()
         .await
         .map_err(|e| format!("{url}/metrics: {e}"))?;
-    let page = prom::parse(&text).map_err(|e| format!("{url}/metrics: {e}"))?;
-    page.value(name, &[])
+    prom::parse(&text).map_err(|e| format!("{url}/metrics: {e}"))
+}
+
+/// A router's counter `name` (unlabelled) from its `/metrics`.
+async fn metric(c: &reqwest::Client, url: &str, name: &str) -> Result<f64, String> {
+    scrape(c, url)
+        .await?
+        .value(name, &[])
         .ok_or_else(|| format!("{url}/metrics has no single sample {name}"))
+}
+
+/// An engine's lifetime `(cached, prompt)` tokens, summed over its ranks; `None` when its page
+/// lacks either counter.
+fn cache_counters(page: &prom::Scrape) -> Option<(f64, f64)> {
+    let sum = |name| {
+        let mut samples = page.samples(name).peekable();
+        samples.peek()?;
+        Some(samples.map(|s| s.value).sum::<f64>())
+    };
+    Some((
+        sum("loadlink_engine_cache_hit_tokens_total")?,
+        sum("loadlink_engine_prompt_tokens_total")?,
+    ))
+}
+
+/// The fleet's lifetime `(cached, prompt)` tokens; `None` when any engine does not say.
+async fn fleet_cache_counters(c: &reqwest::Client, engines: &[String]) -> Option<(f64, f64)> {
+    let mut total = (0.0, 0.0);
+    for u in engines {
+        let (cached, prompt) = cache_counters(&scrape(c, u).await.ok()?)?;
+        total = (total.0 + cached, total.1 + prompt);
+    }
+    Some(total)
 }
 
 /// Started processes (killed on drop) and their base URLs.
@@ -360,6 +390,7 @@ async fn run_variant(
         cfg.scenario.routers
     ));
     let routers = start_routers(cfg, client, engines, variant).await?;
+    let cache_before = fleet_cache_counters(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());
     let start = Instant::now();
     let fleets = (engines, routers.urls.as_slice());
@@ -368,7 +399,7 @@ async fn run_variant(
     let queue_cv = sampler.finish().await;
     let (decisions, fallback) = decisions(client, &routers.urls, progress).await;
     drop(routers);
-    let outcome = Outcome {
+    let mut outcome = Outcome {
         ttft: measured.iter().map(|r| r.0).collect(),
         e2e: measured.iter().map(|r| r.1).collect(),
         ttft_floor: measured.iter().map(|r| r.2).collect(),
@@ -383,9 +414,15 @@ async fn run_variant(
         } else {
             decisions
         },
+        cache_tokens: None,
     };
-    // Let the engines drain before the next variant.
+    // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;
+    let cache_after = fleet_cache_counters(client, engines).await;
+    if let (Some(b), Some(a)) = (cache_before, cache_after) {
+        let delta = |x: f64, y: f64| (x - y).max(0.0) as u64;
+        outcome.cache_tokens = Some((delta(a.0, b.0), delta(a.1, b.1)));
+    }
     Ok(Row {
         label,
         load: cfg.load,
@@ -403,9 +440,11 @@ pub async fn run_live(
         .build()
         .map_err(|e| e.to_string())?;
     let engines = start_engines(cfg, &client).await?;
-    let mut spec = workload_spec(&cfg.scenario, cfg.seed, cfg.load);
-    spec.duration_s = cfg.duration_s;
-    let arrivals = generate(&spec);
+    let scenario = Scenario {
+        duration_s: cfg.duration_s,
+        ..cfg.scenario.clone()
+    };
+    let arrivals = arrivals(&scenario, cfg.seed, cfg.load);
     let mut rows = Vec::new();
     for variant in VARIANTS {
         let row = run_variant(
@@ -447,6 +486,31 @@ mod tests {
         assert_eq!(got, (0, 0));
         assert!(said.is_empty(), "{said:?}");
         router.stop().await;
+    }
+
+    #[test]
+    fn cache_counters_sum_the_ranks_and_are_unknown_when_absent() {
+        let mut page = prom::Exposition::new();
+        let counters = [
+            ("loadlink_engine_cache_hit_tokens_total", [30.0, 10.0]),
+            ("loadlink_engine_prompt_tokens_total", [100.0, 60.0]),
+        ];
+        for (name, values) in counters {
+            let mut f = page.family(name, prom::MetricType::Counter, "tokens");
+            for (rank, v) in values.into_iter().enumerate() {
+                f.sample(&[("dp_rank", rank)], v);
+            }
+        }
+        let page = prom::parse(&page.finish()).unwrap();
+        assert_eq!(cache_counters(&page), Some((40.0, 160.0)));
+        let mut other = prom::Exposition::new();
+        other.single(
+            "loadlink_engine_prompt_tokens_total",
+            prom::MetricType::Counter,
+            "tokens",
+            5.0,
+        );
+        assert_eq!(cache_counters(&prom::parse(&other.finish()).unwrap()), None);
     }
 
     #[test]
