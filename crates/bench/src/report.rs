@@ -102,7 +102,11 @@ pub fn table(rows: &[Row]) -> String {
         "queue CV",
         "fallback"
     );
-    s.push_str(if cache.is_some() { " cache hit\n" } else { "\n" });
+    s.push_str(if cache.is_some() {
+        " cache hit\n"
+    } else {
+        "\n"
+    });
     for (i, r) in rows.iter().enumerate() {
         let j = row_json(r);
         let f = |k: &str| j[k].as_f64().unwrap_or(f64::NAN);

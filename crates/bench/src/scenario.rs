@@ -168,17 +168,23 @@ fn prefix_traffic(s: &Scenario, seed: u64, rate: f64) -> Traffic {
     }
 }
 
+/// What a cache-blind fleet would reuse of a prefix workload (probed at a fixed rate on the same
+/// seed); `None` for unique prompts.
+pub fn blind_estimate(s: &Scenario, seed: u64) -> Option<ReuseEstimate> {
+    let Workload::Prefix(parts) = &s.workload else {
+        return None;
+    };
+    let probe_rate = PROBE_RATE_PER_ENGINE * s.engines as f64;
+    let probe = generate_mix(&prefix_traffic(s, seed, probe_rate), parts);
+    Some(blind_reuse(&probe, s.engines, s.model.page_size, seed))
+}
+
 /// The offered requests/s at `load`: nominal capacity for unique prompts; for prefix workloads,
-/// capacity on the tokens a cache-blind fleet still computes (probed on the same seed).
+/// capacity on the tokens a cache-blind fleet still computes ([`blind_estimate`]).
 pub fn offered_rate(s: &Scenario, seed: u64, load: f64) -> f64 {
-    match &s.workload {
-        Workload::Lengths => workload_spec(s, seed, load).rate,
-        Workload::Prefix(parts) => {
-            let probe_rate = PROBE_RATE_PER_ENGINE * s.engines as f64;
-            let probe = generate_mix(&prefix_traffic(s, seed, probe_rate), parts);
-            let reuse = blind_reuse(&probe, s.engines, s.model.page_size, seed);
-            load * s.engines as f64 * cached_engine_capacity(&s.model, &reuse)
-        }
+    match blind_estimate(s, seed) {
+        None => workload_spec(s, seed, load).rate,
+        Some(reuse) => load * s.engines as f64 * cached_engine_capacity(&s.model, &reuse),
     }
 }
 
@@ -191,6 +197,28 @@ pub fn arrivals(s: &Scenario, seed: u64, load: f64) -> Vec<Arrival> {
             generate_mix(&prefix_traffic(s, seed, rate), parts)
         }
     }
+}
+
+/// The arrivals a name stands for: a scenario (`s0`–`s4`, at `load` or its own, over `duration_s`
+/// or its own) or a prefix shape (`chat`, `shared-system`, `generated-shared-prefix`,
+/// `hot-prefix`, with its defaults, at `rate` requests/s, default 10, over `duration_s`, default
+/// 600).
+pub fn named_arrivals(
+    name: &str,
+    seed: u64,
+    (load, rate, duration_s): (Option<f64>, Option<f64>, Option<f64>),
+) -> Result<Vec<Arrival>, String> {
+    if let Some(shape) = Shape::by_name(name) {
+        let traffic = Traffic::new(seed, duration_s.unwrap_or(600.0), rate.unwrap_or(10.0));
+        return Ok(generate_mix(&traffic, &[(1.0, shape)]));
+    }
+    let mut s =
+        by_name(name).map_err(|e| format!("{e}, or a shape: {}", Shape::NAMES.join(", ")))?;
+    if let Some(d) = duration_s {
+        s.duration_s = d;
+    }
+    let load = load.unwrap_or(s.load);
+    Ok(arrivals(&s, seed, load))
 }
 
 /// The policy × signal combinations every report compares.
@@ -244,6 +272,77 @@ mod tests {
         );
         let c = run(&s, 8, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
         assert_ne!(a.ttft, c.ttft, "another seed, another run");
+    }
+
+    #[test]
+    fn prefix_scenarios_hit_the_cache_and_are_calibrated_on_uncached_tokens() {
+        for name in ["s3", "s4"] {
+            let mut s = by_name(name).unwrap();
+            s.duration_s = 60.0;
+            let blind = blind_estimate(&s, 2).unwrap();
+            assert!(
+                blind.mean_uncached < 0.6 * blind.mean_prompt,
+                "{name}: {blind:?}"
+            );
+            let unique = ReuseEstimate {
+                mean_uncached: blind.mean_prompt,
+                ..blind
+            };
+            let cached = cached_engine_capacity(&s.model, &blind);
+            assert!(
+                cached > 1.2 * cached_engine_capacity(&s.model, &unique),
+                "{name}"
+            );
+            let o = run(&s, 2, 0.85, Policy::RoundRobin, LoadSignal::Inflight);
+            let hit = o.cache_hit_rate().unwrap();
+            assert!(
+                o.completed == o.submitted && o.completed > 500,
+                "{name}: {} of {}",
+                o.completed,
+                o.submitted
+            );
+            // The simulated fleet reuses about what the estimate says (eviction and overlapping
+            // chat turns cost a little).
+            assert!(
+                (hit - blind.hit_rate()).abs() < 0.1,
+                "{name}: {hit} vs {blind:?}"
+            );
+        }
+        let s1 = run(
+            &by_name("s1")
+                .map(|s| Scenario {
+                    duration_s: 30.0,
+                    ..s
+                })
+                .unwrap(),
+            2,
+            0.85,
+            Policy::RoundRobin,
+            LoadSignal::Inflight,
+        );
+        assert_eq!(s1.cache_hit_rate(), Some(0.0));
+    }
+
+    #[test]
+    fn names_give_scenarios_or_shapes() {
+        let short = (None, Some(4.0), Some(30.0));
+        assert!(
+            named_arrivals("chat", 1, short)
+                .unwrap()
+                .iter()
+                .all(|a| a.prompt.is_some())
+        );
+        assert!(
+            named_arrivals("s1", 1, short)
+                .unwrap()
+                .iter()
+                .all(|a| a.prompt.is_none())
+        );
+        assert!(
+            named_arrivals("nope", 1, short)
+                .unwrap_err()
+                .contains("hot-prefix")
+        );
     }
 
     #[test]
