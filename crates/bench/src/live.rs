@@ -15,7 +15,9 @@ use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::Policy;
 use loadlink_router::policy::mix;
-use loadlink_wire::prom;
+mod scrape;
+
+use scrape::{fleet_cache_counters, metric};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,51 +74,6 @@ async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
 
 async fn get_json(c: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
     c.get(url).send().await.ok()?.json().await.ok()
-}
-
-/// A process's `/metrics`, read with the strict parser.
-async fn scrape(c: &reqwest::Client, url: &str) -> Result<prom::Scrape, String> {
-    let text = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .map_err(|e| format!("{url}/metrics: {e}"))?
-        .text()
-        .await
-        .map_err(|e| format!("{url}/metrics: {e}"))?;
-    prom::parse(&text).map_err(|e| format!("{url}/metrics: {e}"))
-}
-
-/// A router's counter `name` (unlabelled) from its `/metrics`.
-async fn metric(c: &reqwest::Client, url: &str, name: &str) -> Result<f64, String> {
-    scrape(c, url)
-        .await?
-        .value(name, &[])
-        .ok_or_else(|| format!("{url}/metrics has no single sample {name}"))
-}
-
-/// An engine's lifetime `(cached, prompt)` tokens, summed over its ranks; `None` when its page
-/// lacks either counter.
-fn cache_counters(page: &prom::Scrape) -> Option<(f64, f64)> {
-    let sum = |name| {
-        let mut samples = page.samples(name).peekable();
-        samples.peek()?;
-        Some(samples.map(|s| s.value).sum::<f64>())
-    };
-    Some((
-        sum("loadlink_engine_cache_hit_tokens_total")?,
-        sum("loadlink_engine_prompt_tokens_total")?,
-    ))
-}
-
-/// The fleet's lifetime `(cached, prompt)` tokens; `None` when any engine does not say.
-async fn fleet_cache_counters(c: &reqwest::Client, engines: &[String]) -> Option<(f64, f64)> {
-    let mut total = (0.0, 0.0);
-    for u in engines {
-        let (cached, prompt) = cache_counters(&scrape(c, u).await.ok()?)?;
-        total = (total.0 + cached, total.1 + prompt);
-    }
-    Some(total)
 }
 
 /// Started processes (killed on drop) and their base URLs.
@@ -486,31 +443,6 @@ mod tests {
         assert_eq!(got, (0, 0));
         assert!(said.is_empty(), "{said:?}");
         router.stop().await;
-    }
-
-    #[test]
-    fn cache_counters_sum_the_ranks_and_are_unknown_when_absent() {
-        let mut page = prom::Exposition::new();
-        let counters = [
-            ("loadlink_engine_cache_hit_tokens_total", [30.0, 10.0]),
-            ("loadlink_engine_prompt_tokens_total", [100.0, 60.0]),
-        ];
-        for (name, values) in counters {
-            let mut f = page.family(name, prom::MetricType::Counter, "tokens");
-            for (rank, v) in values.into_iter().enumerate() {
-                f.sample(&[("dp_rank", rank)], v);
-            }
-        }
-        let page = prom::parse(&page.finish()).unwrap();
-        assert_eq!(cache_counters(&page), Some((40.0, 160.0)));
-        let mut other = prom::Exposition::new();
-        other.single(
-            "loadlink_engine_prompt_tokens_total",
-            prom::MetricType::Counter,
-            "tokens",
-            5.0,
-        );
-        assert_eq!(cache_counters(&prom::parse(&other.finish()).unwrap()), None);
     }
 
     #[test]

@@ -1,17 +1,19 @@
 //! Seeded workloads: Poisson or bursty (on/off) arrivals at a target fraction of fleet capacity,
 //! log-normal prompt and output lengths (or a JSONL trace), a streaming fraction and a fraction of
 //! traffic sent directly to engines, bypassing every router. Workloads whose prompts share
-//! prefixes (chat sessions, tenants' system prompts) are in `prefix`; what an engine's cache could
-//! reuse of them in `reuse`; JSONL traces in `trace`.
+//! prefixes (chat sessions, tenants' system prompts) are in `shapes` (parameters) and `prefix`
+//! (generation); what an engine's cache could reuse of them in `reuse`; JSONL traces in `trace`.
 
 mod prefix;
 mod reuse;
+mod shapes;
 mod trace;
 
-pub use prefix::{
-    ChatSessions, GeneratedSharedPrefix, HotPrefix, Len, Shape, SharedSystem, Traffic, generate_mix,
-};
+pub use prefix::generate_mix;
 pub use reuse::{ReuseEstimate, blind_reuse};
+pub use shapes::{
+    ChatSessions, GeneratedSharedPrefix, HotPrefix, Len, Shape, SharedSystem, Traffic,
+};
 pub use trace::{read_trace, write_trace};
 
 use std::sync::Arc;
