@@ -8,14 +8,16 @@
 //! read the routers' decision counters, and wait for the engines to drain.
 
 use crate::report::Row;
-use crate::scenario::{Scenario, VARIANTS, workload_spec};
+use crate::scenario::{Scenario, VARIANTS, arrivals};
 use crate::sim::{DirectTarget, Outcome, isolated_ttft};
-use crate::workload::{Arrival, generate};
+use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::Policy;
 use loadlink_router::policy::mix;
-use loadlink_wire::prom;
+mod scrape;
+
+use scrape::{fleet_cache_counters, metric};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,21 +74,6 @@ async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
 
 async fn get_json(c: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
     c.get(url).send().await.ok()?.json().await.ok()
-}
-
-/// A router's counter `name` (unlabelled) from its `/metrics`, read with the strict parser.
-async fn metric(c: &reqwest::Client, url: &str, name: &str) -> Result<f64, String> {
-    let text = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .map_err(|e| format!("{url}/metrics: {e}"))?
-        .text()
-        .await
-        .map_err(|e| format!("{url}/metrics: {e}"))?;
-    let page = prom::parse(&text).map_err(|e| format!("{url}/metrics: {e}"))?;
-    page.value(name, &[])
-        .ok_or_else(|| format!("{url}/metrics has no single sample {name}"))
 }
 
 /// Started processes (killed on drop) and their base URLs.
@@ -360,6 +347,7 @@ async fn run_variant(
         cfg.scenario.routers
     ));
     let routers = start_routers(cfg, client, engines, variant).await?;
+    let cache_before = fleet_cache_counters(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());
     let start = Instant::now();
     let fleets = (engines, routers.urls.as_slice());
@@ -368,7 +356,7 @@ async fn run_variant(
     let queue_cv = sampler.finish().await;
     let (decisions, fallback) = decisions(client, &routers.urls, progress).await;
     drop(routers);
-    let outcome = Outcome {
+    let mut outcome = Outcome {
         ttft: measured.iter().map(|r| r.0).collect(),
         e2e: measured.iter().map(|r| r.1).collect(),
         ttft_floor: measured.iter().map(|r| r.2).collect(),
@@ -383,9 +371,15 @@ async fn run_variant(
         } else {
             decisions
         },
+        cache_tokens: None,
     };
-    // Let the engines drain before the next variant.
+    // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;
+    let cache_after = fleet_cache_counters(client, engines).await;
+    if let (Some(b), Some(a)) = (cache_before, cache_after) {
+        let delta = |x: f64, y: f64| (x - y).max(0.0) as u64;
+        outcome.cache_tokens = Some((delta(a.0, b.0), delta(a.1, b.1)));
+    }
     Ok(Row {
         label,
         load: cfg.load,
@@ -403,9 +397,11 @@ pub async fn run_live(
         .build()
         .map_err(|e| e.to_string())?;
     let engines = start_engines(cfg, &client).await?;
-    let mut spec = workload_spec(&cfg.scenario, cfg.seed, cfg.load);
-    spec.duration_s = cfg.duration_s;
-    let arrivals = generate(&spec);
+    let scenario = Scenario {
+        duration_s: cfg.duration_s,
+        ..cfg.scenario.clone()
+    };
+    let arrivals = arrivals(&scenario, cfg.seed, cfg.load);
     let mut rows = Vec::new();
     for variant in VARIANTS {
         let row = run_variant(

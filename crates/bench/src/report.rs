@@ -28,6 +28,7 @@ pub fn row_json(r: &Row) -> Value {
         "submitted": o.submitted,
         "queue_cv": o.queue_cv,
         "fallback_fraction": if o.decisions == 0 { 0.0 } else { o.fallback_decisions as f64 / o.decisions as f64 },
+        "cache_hit_rate": o.cache_hit_rate(),
     })
 }
 
@@ -74,9 +75,22 @@ pub fn json_text(doc: &Value) -> String {
     out
 }
 
+/// The cache hit rate column, when any row hit the cache (workloads of unique prompts never do,
+/// so their tables keep their columns).
+fn cache_column(rows: &[Row]) -> Option<Vec<String>> {
+    let rates: Vec<Option<f64>> = rows.iter().map(|r| r.outcome.cache_hit_rate()).collect();
+    rates.iter().any(|r| r.is_some_and(|x| x > 0.0)).then(|| {
+        rates
+            .iter()
+            .map(|r| r.map_or_else(|| "?".to_string(), |x| format!("{:.1}%", x * 100.0)))
+            .collect()
+    })
+}
+
 pub fn table(rows: &[Row]) -> String {
+    let cache = cache_column(rows);
     let mut s = format!(
-        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}\n",
+        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}",
         "variant",
         "load",
         "TTFT p50",
@@ -88,7 +102,12 @@ pub fn table(rows: &[Row]) -> String {
         "queue CV",
         "fallback"
     );
-    for r in rows {
+    s.push_str(if cache.is_some() {
+        " cache hit\n"
+    } else {
+        "\n"
+    });
+    for (i, r) in rows.iter().enumerate() {
         let j = row_json(r);
         let f = |k: &str| j[k].as_f64().unwrap_or(f64::NAN);
         // The in-flight signal never uses engine load, so "fallback" says nothing there.
@@ -97,7 +116,7 @@ pub fn table(rows: &[Row]) -> String {
         } else {
             format!("{:.1}%", f("fallback_fraction") * 100.0)
         };
-        let _ = writeln!(
+        let _ = write!(
             s,
             "{:<24} {:>5.2} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}s {:>8.2} {:>9.3} {:>9}",
             r.label,
@@ -111,6 +130,12 @@ pub fn table(rows: &[Row]) -> String {
             f("queue_cv"),
             fallback
         );
+        match &cache {
+            Some(c) => {
+                let _ = writeln!(s, " {:>9}", c[i]);
+            }
+            None => s.push('\n'),
+        }
     }
     if let Some(r) = rows.first() {
         let _ = writeln!(
@@ -150,6 +175,28 @@ mod tests {
             json_text(&plain),
             serde_json::to_string_pretty(&plain).unwrap()
         );
+    }
+
+    #[test]
+    fn the_cache_column_shows_only_when_something_hit() {
+        let row = |cache_tokens| Row {
+            label: "round_robin / inflight".into(),
+            load: 0.85,
+            outcome: Outcome {
+                ttft: vec![0.1],
+                cache_tokens,
+                ..Outcome::default()
+            },
+        };
+        let unique = table(&[row(Some((0, 500))), row(None)]);
+        assert!(!unique.contains("cache hit"), "{unique}");
+        let reused = table(&[row(Some((250, 1000))), row(None)]);
+        let lines: Vec<&str> = reused.lines().collect();
+        assert!(lines[0].ends_with(" cache hit"), "{reused}");
+        assert!(lines[1].ends_with("     25.0%"), "{reused}");
+        assert!(lines[2].ends_with("         ?"), "{reused}");
+        assert_eq!(row_json(&row(Some((1, 4))))["cache_hit_rate"], 0.25);
+        assert!(row_json(&row(None))["cache_hit_rate"].is_null());
     }
 
     #[test]

@@ -2,9 +2,18 @@
 //! streaming, 85% of nominal fleet capacity, log-normal lengths. S0 is the fairness check (one
 //! router, no direct traffic: engine load must not be worse than in-flight). S2 is S1 with the
 //! direct traffic pinned to one engine (a hot tenant no router sees).
+//!
+//! S3 and S4 reuse prefixes (S1's fleet and direct traffic): S3 is half multi-turn chat sessions,
+//! half tenants' shared system prompts; S4 has one tenant send half of all requests. Their rate is
+//! calibrated on the prompt tokens engines still compute when routing ignores the caches
+//! ([`blind_reuse`]), so "85% load" is 85% of what a cache-blind fleet sustains: the baseline a
+//! cache-aware router must beat.
 
 use crate::sim::{DirectTarget, Outcome, SimConfig, simulate};
-use crate::workload::{Pattern, WorkloadSpec, generate};
+use crate::workload::{
+    Arrival, ChatSessions, HotPrefix, Len, Pattern, ReuseEstimate, Shape, SharedSystem, Traffic,
+    WorkloadSpec, blind_reuse, generate, generate_mix,
+};
 use loadlink_engine::PublishPoint;
 use loadlink_engine::model::ModelConfig;
 use loadlink_router::{LoadSignal, Policy};
@@ -22,7 +31,19 @@ pub struct Scenario {
     pub model: ModelConfig,
     /// Where the engines publish in their cycle (`--publish-point`; default: loadlink's choice).
     pub publish_point: PublishPoint,
+    pub workload: Workload,
 }
+
+/// What a scenario sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    /// Unique prompts of log-normal lengths ([`workload_spec`]).
+    Lengths,
+    /// Prefix-sharing shapes, each with its share of the requests.
+    Prefix(Vec<(f64, Shape)>),
+}
+
+pub const NAMES: [&str; 5] = ["s0", "s1", "s2", "s3", "s4"];
 
 pub fn by_name(name: &str) -> Result<Scenario, String> {
     let model = ModelConfig {
@@ -40,6 +61,7 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
         duration_s: 600.0,
         model,
         publish_point: PublishPoint::default(),
+        workload: Workload::Lengths,
     };
     match name {
         "s1" => Ok(s1),
@@ -56,7 +78,37 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             direct: DirectTarget::Pinned,
             ..s1
         }),
-        o => Err(format!("unknown scenario {o:?}; expected s0, s1 or s2")),
+        "s3" => Ok(Scenario {
+            name: "s3",
+            about: "S1 with prefix reuse: half multi-turn chat sessions (5 turns), half shared \
+                    system prompts (16 tenants, Zipf 1.1); 85% of cache-blind capacity",
+            workload: Workload::Prefix(vec![
+                (0.5, Shape::Chat(ChatSessions::default())),
+                (0.5, Shape::SharedSystem(SharedSystem::default())),
+            ]),
+            ..s1
+        }),
+        "s4" => Ok(Scenario {
+            name: "s4",
+            about: "S3 with a hot prefix: one tenant sends 50% of requests, the rest is S3's mix; \
+                    85% of cache-blind capacity",
+            workload: Workload::Prefix(vec![
+                (0.25, Shape::Chat(ChatSessions::default())),
+                (
+                    0.75,
+                    Shape::HotPrefix(HotPrefix {
+                        hot_fraction: 2.0 / 3.0,
+                        hot_system: Len::new(1024.0, 0.0),
+                        others: SharedSystem::default(),
+                    }),
+                ),
+            ]),
+            ..s1
+        }),
+        o => Err(format!(
+            "unknown scenario {o:?}; expected one of {}",
+            NAMES.join(", ")
+        )),
     }
 }
 
@@ -83,12 +135,90 @@ pub fn workload_spec(s: &Scenario, seed: u64, load: f64) -> WorkloadSpec {
 /// mean output's share of full-batch decode steps.
 pub fn engine_capacity(m: &ModelConfig, w: &WorkloadSpec) -> f64 {
     let t = m.timing;
+    let prefill_us = w.mean_prompt() * (t.per_prefill_token_us + t.per_kv_token_us);
+    capacity(m, prefill_us, w.mean_prompt(), w.mean_output())
+}
+
+/// [`engine_capacity`] when prefill computes only the uncached part of each prompt (the whole
+/// prompt still counts in the KV the batch attends to).
+pub fn cached_engine_capacity(m: &ModelConfig, r: &ReuseEstimate) -> f64 {
+    let t = m.timing;
+    let prefill_us = r.mean_uncached * t.per_prefill_token_us + r.mean_prompt * t.per_kv_token_us;
+    capacity(m, prefill_us, r.mean_prompt, r.mean_output)
+}
+
+/// Requests/s given a request's prefill time and its mean output's share of full-batch decode.
+fn capacity(m: &ModelConfig, prefill_us: f64, mean_prompt: f64, mean_output: f64) -> f64 {
+    let t = m.timing;
     let b = m.max_running_requests as f64;
-    let ctx = w.mean_prompt() + w.mean_output() / 2.0;
+    let ctx = mean_prompt + mean_output / 2.0;
     let step_us = t.base_us + t.per_batch_req_us * b + t.per_kv_token_us * b * ctx;
-    let per_req_us = w.mean_prompt() * (t.per_prefill_token_us + t.per_kv_token_us)
-        + w.mean_output() * step_us / b;
+    let per_req_us = prefill_us + mean_output * step_us / b;
     1e6 / per_req_us
+}
+
+/// Requests/s per engine used to probe a prefix workload's reuse before calibrating its rate.
+const PROBE_RATE_PER_ENGINE: f64 = 5.0;
+
+/// A prefix workload's traffic at `rate` (S1's output lengths and direct fraction).
+fn prefix_traffic(s: &Scenario, seed: u64, rate: f64) -> Traffic {
+    Traffic {
+        direct_fraction: s.direct_fraction,
+        ..Traffic::new(seed, s.duration_s, rate)
+    }
+}
+
+/// What a cache-blind fleet would reuse of a prefix workload (probed at a fixed rate on the same
+/// seed); `None` for unique prompts.
+pub fn blind_estimate(s: &Scenario, seed: u64) -> Option<ReuseEstimate> {
+    let Workload::Prefix(parts) = &s.workload else {
+        return None;
+    };
+    let probe_rate = PROBE_RATE_PER_ENGINE * s.engines as f64;
+    let probe = generate_mix(&prefix_traffic(s, seed, probe_rate), parts);
+    Some(blind_reuse(&probe, s.engines, s.model.page_size, seed))
+}
+
+/// The offered requests/s at `load`: nominal capacity for unique prompts; for prefix workloads,
+/// capacity on the tokens a cache-blind fleet still computes ([`blind_estimate`]).
+pub fn offered_rate(s: &Scenario, seed: u64, load: f64) -> f64 {
+    match blind_estimate(s, seed) {
+        None => workload_spec(s, seed, load).rate,
+        Some(reuse) => load * s.engines as f64 * cached_engine_capacity(&s.model, &reuse),
+    }
+}
+
+/// The scenario's arrivals at `load` over its duration (deterministic for the seed).
+pub fn arrivals(s: &Scenario, seed: u64, load: f64) -> Vec<Arrival> {
+    match &s.workload {
+        Workload::Lengths => generate(&workload_spec(s, seed, load)),
+        Workload::Prefix(parts) => {
+            let rate = offered_rate(s, seed, load);
+            generate_mix(&prefix_traffic(s, seed, rate), parts)
+        }
+    }
+}
+
+/// The arrivals a name stands for: a scenario (`s0`–`s4`, at `load` or its own, over `duration_s`
+/// or its own) or a prefix shape (`chat`, `shared-system`, `generated-shared-prefix`,
+/// `hot-prefix`, with its defaults, at `rate` requests/s, default 10, over `duration_s`, default
+/// 600).
+pub fn named_arrivals(
+    name: &str,
+    seed: u64,
+    (load, rate, duration_s): (Option<f64>, Option<f64>, Option<f64>),
+) -> Result<Vec<Arrival>, String> {
+    if let Some(shape) = Shape::by_name(name) {
+        let traffic = Traffic::new(seed, duration_s.unwrap_or(600.0), rate.unwrap_or(10.0));
+        return Ok(generate_mix(&traffic, &[(1.0, shape)]));
+    }
+    let mut s =
+        by_name(name).map_err(|e| format!("{e}, or a shape: {}", Shape::NAMES.join(", ")))?;
+    if let Some(d) = duration_s {
+        s.duration_s = d;
+    }
+    let load = load.unwrap_or(s.load);
+    Ok(arrivals(&s, seed, load))
 }
 
 /// The policy × signal combinations every report compares.
@@ -104,7 +234,7 @@ pub const VARIANTS: [(Policy, LoadSignal); 7] = [
 
 /// Runs one variant of a scenario at `load` (fraction of nominal capacity).
 pub fn run(s: &Scenario, seed: u64, load: f64, policy: Policy, signal: LoadSignal) -> Outcome {
-    let arrivals = generate(&workload_spec(s, seed, load));
+    let arrivals = arrivals(s, seed, load);
     let cfg = SimConfig {
         engines: vec![s.model; s.engines],
         routers: s.routers,
@@ -142,6 +272,77 @@ mod tests {
         );
         let c = run(&s, 8, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
         assert_ne!(a.ttft, c.ttft, "another seed, another run");
+    }
+
+    #[test]
+    fn prefix_scenarios_hit_the_cache_and_are_calibrated_on_uncached_tokens() {
+        for name in ["s3", "s4"] {
+            let mut s = by_name(name).unwrap();
+            s.duration_s = 60.0;
+            let blind = blind_estimate(&s, 2).unwrap();
+            assert!(
+                blind.mean_uncached < 0.6 * blind.mean_prompt,
+                "{name}: {blind:?}"
+            );
+            let unique = ReuseEstimate {
+                mean_uncached: blind.mean_prompt,
+                ..blind
+            };
+            let cached = cached_engine_capacity(&s.model, &blind);
+            assert!(
+                cached > 1.2 * cached_engine_capacity(&s.model, &unique),
+                "{name}"
+            );
+            let o = run(&s, 2, 0.85, Policy::RoundRobin, LoadSignal::Inflight);
+            let hit = o.cache_hit_rate().unwrap();
+            assert!(
+                o.completed == o.submitted && o.completed > 500,
+                "{name}: {} of {}",
+                o.completed,
+                o.submitted
+            );
+            // The simulated fleet reuses about what the estimate says (eviction and overlapping
+            // chat turns cost a little).
+            assert!(
+                (hit - blind.hit_rate()).abs() < 0.1,
+                "{name}: {hit} vs {blind:?}"
+            );
+        }
+        let s1 = run(
+            &by_name("s1")
+                .map(|s| Scenario {
+                    duration_s: 30.0,
+                    ..s
+                })
+                .unwrap(),
+            2,
+            0.85,
+            Policy::RoundRobin,
+            LoadSignal::Inflight,
+        );
+        assert_eq!(s1.cache_hit_rate(), Some(0.0));
+    }
+
+    #[test]
+    fn names_give_scenarios_or_shapes() {
+        let short = (None, Some(4.0), Some(30.0));
+        assert!(
+            named_arrivals("chat", 1, short)
+                .unwrap()
+                .iter()
+                .all(|a| a.prompt.is_some())
+        );
+        assert!(
+            named_arrivals("s1", 1, short)
+                .unwrap()
+                .iter()
+                .all(|a| a.prompt.is_none())
+        );
+        assert!(
+            named_arrivals("nope", 1, short)
+                .unwrap_err()
+                .contains("hot-prefix")
+        );
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct Outcome {
     pub queue_cv: f64,
     pub decisions: u64,
     pub fallback_decisions: u64,
+    /// `(cached, prompt)` tokens summed over the fleet's engines for the run; `None`: unknown
+    /// (a live engine that does not export them).
+    pub cache_tokens: Option<(u64, u64)>,
 }
 
 impl Outcome {
@@ -78,6 +81,16 @@ impl Outcome {
             .zip(&self.ttft_floor)
             .map(|(t, f)| (t - f).max(0.0))
             .collect()
+    }
+
+    /// Σ cached / Σ prompt tokens over the fleet (0 without prompts; `None` when unknown).
+    pub fn cache_hit_rate(&self) -> Option<f64> {
+        let (cached, prompt) = self.cache_tokens?;
+        Some(if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        })
     }
 }
 
@@ -343,6 +356,8 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
         }
     }
     out.completed = out.e2e.len();
+    let totals = sim.engines.iter().map(SimEngine::cache_totals);
+    out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
     out.queue_cv = if sim.cv_samples.is_empty() {
         0.0
     } else {

@@ -1,6 +1,20 @@
 //! Seeded workloads: Poisson or bursty (on/off) arrivals at a target fraction of fleet capacity,
 //! log-normal prompt and output lengths (or a JSONL trace), a streaming fraction and a fraction of
-//! traffic sent directly to engines, bypassing every router.
+//! traffic sent directly to engines, bypassing every router. Workloads whose prompts share
+//! prefixes (chat sessions, tenants' system prompts) are in `shapes` (parameters) and `prefix`
+//! (generation); what an engine's cache could reuse of them in `reuse`; JSONL traces in `trace`.
+
+mod prefix;
+mod reuse;
+mod shapes;
+mod trace;
+
+pub use prefix::generate_mix;
+pub use reuse::{ReuseEstimate, blind_reuse};
+pub use shapes::{
+    ChatSessions, GeneratedSharedPrefix, HotPrefix, Len, Shape, SharedSystem, Traffic,
+};
+pub use trace::{read_trace, write_trace};
 
 use std::sync::Arc;
 
@@ -164,50 +178,6 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<Arrival> {
         });
     }
     out
-}
-
-/// Reads a JSONL trace: one `{"t": s, "prompt_tokens": n, "output_tokens": m}` per line
-/// (optional `"stream"`, `"direct"` booleans). Errors name the line and the field.
-pub fn read_trace(text: &str) -> Result<Vec<Arrival>, String> {
-    let mut out = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| format!("trace line {}: not JSON ({e})", i + 1))?;
-        let num = |k: &str| {
-            v.get(k)
-                .and_then(serde_json::Value::as_f64)
-                .ok_or_else(|| format!("trace line {}: {k}: expected a number", i + 1))
-        };
-        let t = num("t")?;
-        let p = num("prompt_tokens")?;
-        let o = num("output_tokens")?;
-        if !(t >= 0.0 && p >= 1.0 && o >= 1.0) {
-            return Err(format!(
-                "trace line {}: t must be ≥ 0 and token counts ≥ 1",
-                i + 1
-            ));
-        }
-        out.push(Arrival {
-            t,
-            prompt_tokens: p as u64,
-            output_tokens: o as u64,
-            stream: v
-                .get("stream")
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(true),
-            direct: v
-                .get("direct")
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(false),
-            prompt: None,
-        });
-    }
-    out.sort_by(|a, b| a.t.total_cmp(&b.t));
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -21,6 +21,28 @@ pub enum BenchCommand {
     /// Redraw the plots of a results JSON beside it: the TTFT figure if its rows carry the raw
     /// samples (live runs store them), the p99-vs-load figure if it has a sweep.
     Plot(PlotArgs),
+    /// Write a workload as a JSONL trace on stdout (with `input_ids` when prompts share prefixes);
+    /// the same seed writes the same trace.
+    Trace(TraceArgs),
+}
+
+#[derive(Args)]
+pub struct TraceArgs {
+    /// A scenario (s0–s4) or a prefix shape (chat, shared-system, generated-shared-prefix,
+    /// hot-prefix).
+    #[arg(long)]
+    workload: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A scenario's load (default: its own).
+    #[arg(long)]
+    load: Option<f64>,
+    /// A shape's requests/s (default 10).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Seconds of arrivals (default: the scenario's, or 600).
+    #[arg(long)]
+    duration: Option<f64>,
 }
 
 #[derive(Args)]
@@ -33,7 +55,8 @@ pub struct PlotArgs {
 #[derive(Args)]
 pub struct Common {
     /// s1 (standard: 4 engines, 2 routers, 25% direct, 85% load), s0 (fairness: 1 router, no
-    /// direct traffic) or s2 (S1 with the direct traffic pinned to one engine).
+    /// direct traffic), s2 (S1 with the direct traffic pinned to one engine), s3 (S1 with prefix
+    /// reuse: chat sessions and shared system prompts) or s4 (S3 with one tenant sending half).
     #[arg(long, default_value = "s1")]
     scenario: String,
     /// Workload seed (same seed, same workload).
@@ -110,6 +133,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Sim(a) => a,
         BenchCommand::Live(l) => return live(l),
         BenchCommand::Plot(p) => return replot(&p.file),
+        BenchCommand::Trace(t) => return trace(&t),
     };
     let (mut s, load) = a.common.scenario()?;
     if let Some(d) = a.duration {
@@ -123,6 +147,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
         s.duration_s,
         s.publish_point.as_str()
     );
+    calibration(&s, seed, load);
     let rows: Vec<Row> = VARIANTS
         .iter()
         .map(|&v| Row {
@@ -178,6 +203,30 @@ fn names(json: &Path, others: &[PathBuf]) -> String {
         .join(", ")
 }
 
+/// For prefix workloads: the offered rate and the cache-blind reuse it was calibrated on.
+fn calibration(s: &Scenario, seed: u64, load: f64) {
+    if let Some(r) = scenario::blind_estimate(s, seed) {
+        println!(
+            "offered {:.2} req/s: {load:.2} × capacity on the prompt tokens a cache-blind fleet computes \
+             (estimated hit rate {:.1}%, mean prompt {:.0}, uncached {:.0}, output {:.0} tokens)",
+            scenario::offered_rate(s, seed, load),
+            r.hit_rate() * 100.0,
+            r.mean_prompt,
+            r.mean_uncached,
+            r.mean_output
+        );
+    }
+}
+
+fn trace(t: &TraceArgs) -> Result<()> {
+    let arrivals = scenario::named_arrivals(&t.workload, t.seed, (t.load, t.rate, t.duration))
+        .map_err(anyhow::Error::msg)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    loadlink_bench::workload::write_trace(&arrivals, &mut out)?;
+    out.flush()?;
+    Ok(())
+}
+
 fn replot(file: &Path) -> Result<()> {
     let (wrote, skipped) =
         plot::from_json(file).with_context(|| format!("plotting {}", file.display()))?;
@@ -216,6 +265,7 @@ fn live(a: LiveArgs) -> Result<()> {
         a.time_scale,
         s.publish_point.as_str()
     );
+    calibration(&s, seed, load);
     let started = std::time::Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

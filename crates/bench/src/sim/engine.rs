@@ -72,6 +72,11 @@ impl SimEngine {
         self.publisher.source().sched.num_waiting() + self.inbox.len()
     }
 
+    /// Lifetime `(cached, prompt)` tokens of the engine's admissions.
+    pub(crate) fn cache_totals(&self) -> (u64, u64) {
+        self.publisher.source().sched.cache_totals()
+    }
+
     /// Snapshots published since the last call, in order.
     pub(crate) fn take_sent(&mut self) -> impl Iterator<Item = Sent> + '_ {
         self.sent.try_iter()
