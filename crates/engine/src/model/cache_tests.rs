@@ -128,3 +128,67 @@ fn retraction_releases_the_lock_and_the_request_rematches() {
     assert_eq!(hit, 2 * 16);
     assert_eq!(s.used_tokens(), 0, "every lock released");
 }
+
+/// The published `num_waiting_uncached_tokens` against an independent account: the queue as
+/// the test knows it (submitted, no first token yet) and, for each queued request, the pages a
+/// mirror of the cache built from the KV events alone held when it was queued.
+#[test]
+fn published_uncached_tokens_match_an_account_kept_from_the_event_stream() {
+    use std::collections::{HashMap, HashSet};
+    let page = 8;
+    let mut s = Scheduler::with_kv_events(ModelConfig {
+        max_running_requests: 4,
+        ..cfg(page, 1_000_000)
+    });
+    let mut mirror: HashSet<i64> = HashSet::new();
+    let mut queued: HashMap<u64, u64> = HashMap::new(); // id -> uncached when queued
+    let mut sessions: Vec<Vec<u32>> = (0..6)
+        .map(|k| (k * 1000..k * 1000 + 40).collect())
+        .collect();
+    let (mut now, mut next_id, mut checks) = (0.0, 0u64, 0);
+    for round in 0..40u32 {
+        // Two sessions take a turn: their history plus the last answer plus a new message.
+        for k in [round as usize % 6, (round as usize * 5 + 1) % 6] {
+            let prompt: Arc<[u32]> = sessions[k].clone().into();
+            let chain = PageChain::of(&prompt[..prompt.len() - 1], page);
+            let hit = chain
+                .hashes
+                .iter()
+                .take_while(|h| mirror.contains(h))
+                .count();
+            queued.insert(next_id, prompt.len() as u64 - (hit * page) as u64);
+            s.submit(Submit::tokens(next_id, prompt, 3));
+            sessions[k].extend([OUTPUT_TOKEN; 3]);
+            sessions[k].extend(round * 7..round * 7 + 5);
+            next_id += 1;
+        }
+        for _ in 0..3 {
+            let expected: u64 = queued.values().sum();
+            assert_eq!(
+                s.snapshot(0, now).num_waiting_uncached_tokens as u64,
+                expected
+            );
+            checks += 1;
+            let st = s.step(now);
+            now += st.duration;
+            for e in &st.events {
+                if let Event::FirstToken { id } = e {
+                    queued.remove(id);
+                }
+            }
+            for e in s.take_kv_events() {
+                match e {
+                    KvEvent::Stored(b) => mirror.extend(b.block_hashes),
+                    KvEvent::Removed(b) => b.block_hashes.iter().for_each(|h| {
+                        mirror.remove(h);
+                    }),
+                    KvEvent::AllCleared => mirror.clear(),
+                }
+            }
+        }
+    }
+    assert!(
+        checks >= 100 && s.cache_totals().0 > 0,
+        "sessions really hit"
+    );
+}
