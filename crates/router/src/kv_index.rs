@@ -7,9 +7,13 @@
 //! * **Matching.** An engine cache only evicts leaves, so along a request's chain the holders of
 //!   block i+1 are a subset of the holders of block i. The deepest block any slot holds is found by
 //!   binary search on the chain, and each slot's own depth by a binary search with a membership
-//!   probe: O(slots · log blocks) lookups instead of O(slots · blocks), with no allocation once the
-//!   caller's output buffer has grown. If lost events broke the nesting, the answer is a
-//!   conservative estimate until the stream resyncs.
+//!   probe in that slot's own block set (small, so it stays in cache): O(slots · log blocks)
+//!   lookups instead of O(slots · blocks), with no allocation once the caller's output buffer has
+//!   grown. If lost events broke the nesting, the answer is a conservative estimate until the
+//!   stream resyncs.
+//! * **Two views of one fact.** The block → holders map answers "who holds this block"; each
+//!   slot's block set answers "does this slot hold it" and makes clearing a slot O(its blocks).
+//!   Both change together in `store`/`remove`, nowhere else.
 //! * **Bounds.** At most `max_blocks` distinct blocks; a `BlockStored` past that is dropped and
 //!   counted (`dropped_blocks`), and the slot is marked for resync, so memory never grows without
 //!   bound and the loss is visible.
@@ -18,7 +22,7 @@
 
 use loadlink_wire::kv_events::KvEvent;
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// One (worker, DP rank) whose cache the index tracks.
@@ -44,6 +48,7 @@ impl Hasher for BlockHasher {
 }
 
 type Holders = SmallVec<[Slot; 4]>;
+type BlockSet = HashSet<i64, BuildHasherDefault<BlockHasher>>;
 
 /// Per-slot figures for `/workers` and `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,6 +66,7 @@ pub struct SlotStats {
 pub struct KvIndex {
     blocks: HashMap<i64, Holders, BuildHasherDefault<BlockHasher>>,
     slots: Vec<SlotStats>,
+    held: Vec<BlockSet>,
     max_blocks: usize,
     dropped_blocks: u64,
 }
@@ -70,6 +76,7 @@ impl KvIndex {
         KvIndex {
             blocks: HashMap::default(),
             slots: Vec::new(),
+            held: Vec::new(),
             max_blocks,
             dropped_blocks: 0,
         }
@@ -97,6 +104,7 @@ impl KvIndex {
         let i = slot as usize;
         if self.slots.len() <= i {
             self.slots.resize(i + 1, SlotStats::default());
+            self.held.resize_with(i + 1, BlockSet::default);
         }
         &mut self.slots[i]
     }
@@ -134,6 +142,7 @@ impl KvIndex {
         if let Err(at) = holders.binary_search(&slot) {
             holders.insert(at, slot);
             self.stats_mut(slot).blocks += 1;
+            self.held[slot as usize].insert(hash);
         }
     }
 
@@ -145,6 +154,7 @@ impl KvIndex {
             holders.remove(at);
             let st = self.stats_mut(slot);
             st.blocks = st.blocks.saturating_sub(1);
+            self.held[slot as usize].remove(&hash);
         }
         if self.blocks.get(&hash).is_some_and(SmallVec::is_empty) {
             self.blocks.remove(&hash);
@@ -152,14 +162,19 @@ impl KvIndex {
     }
 
     /// Forgets everything `slot` held: `AllBlocksCleared`, an engine restart, a removed worker, or
-    /// the start of a resync. O(index size): rare by nature.
+    /// the start of a resync. O(the slot's blocks).
     pub fn clear_slot(&mut self, slot: Slot) {
-        self.blocks.retain(|_, holders| {
-            if let Ok(at) = holders.binary_search(&slot) {
-                holders.remove(at);
+        self.stats_mut(slot);
+        for hash in std::mem::take(&mut self.held[slot as usize]) {
+            if let Some(holders) = self.blocks.get_mut(&hash) {
+                if let Ok(at) = holders.binary_search(&slot) {
+                    holders.remove(at);
+                }
+                if holders.is_empty() {
+                    self.blocks.remove(&hash);
+                }
             }
-            !holders.is_empty()
-        });
+        }
         let st = self.stats_mut(slot);
         st.blocks = 0;
         st.clears += 1;
@@ -172,9 +187,9 @@ impl KvIndex {
     }
 
     fn holds(&self, slot: Slot, hash: i64) -> bool {
-        self.blocks
-            .get(&hash)
-            .is_some_and(|h| h.binary_search(&slot).is_ok())
+        self.held
+            .get(slot as usize)
+            .is_some_and(|set| set.contains(&hash))
     }
 
     /// Number of leading blocks of `chain` held by anyone (the deepest shared depth).
