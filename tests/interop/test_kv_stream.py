@@ -242,6 +242,10 @@ def test_replay_after_a_forced_gap(source: Source):
     live += read_through(sub, lambda f: source.mark(f) == source.emitted - 1)
     sub.close(0)
     gap_marks = [source.emit() for _ in range(3)]  # published while nobody listens
+    # Publishing is asynchronous on both sides: resubscribe only once the replay buffer shows the
+    # gap batches went out, so none of them can reach the new subscriber live.
+    wait_until("the gap batches to be published", lambda: set(gap_marks) <= {
+        source.mark(r[1:]) for r in replay(source.replay, seq_of(live[-1]) + 1)[0]})
     sub = subscriber(source.pub)
     live2 = [join(sub, source.emit)]
     source.emit()
