@@ -37,3 +37,15 @@ def run_lines(args: list[str], lines: list[str], timeout: float = 60) -> list[st
 
 def run_json(args: list[str], items: list[dict]) -> list[str]:
     return run_lines(args, [json.dumps(i) for i in items])
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts (`live.Procs`); each is killed when the test ends, pass or fail."""
+    from live import Procs
+
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.kill_all()

@@ -59,10 +59,15 @@ pub enum WireCommand {
         #[arg(long, default_value_t = 1)]
         page_size: usize,
     },
-    /// Subscribe to a load socket and print each message as a JSON line.
+    /// Subscribe to a publisher and print each message as a JSON line
+    /// (`{"topic", "seq", "payload"}`, or `{"error", "reason"}` for a bad message).
     Listen {
         /// tcp://HOST:PORT of the publisher.
         endpoint: String,
+        /// `snapshot` or `stat`: a load socket (either payload); `kv-batch`: a KV-event stream,
+        /// each payload printed as [`kv_batch_to_json`] does.
+        #[arg(long, value_enum, default_value = "snapshot")]
+        kind: Kind,
         /// Stop after this many messages (0: never).
         #[arg(long, default_value_t = 0)]
         count: u64,
@@ -104,9 +109,10 @@ pub fn run(cmd: WireCommand) -> Result<()> {
         }
         WireCommand::Listen {
             endpoint,
+            kind,
             count,
             timeout,
-        } => listen(&endpoint, count, timeout, &mut out)?,
+        } => listen(&endpoint, kind, count, timeout, &mut out)?,
     }
     Ok(())
 }
@@ -164,7 +170,13 @@ fn shm_write(path: &std::path::Path, dp_size: u16, rank: u32) -> Result<()> {
     Ok(())
 }
 
-fn listen(endpoint: &str, count: u64, timeout: f64, out: &mut impl Write) -> Result<()> {
+fn listen(
+    endpoint: &str,
+    kind: Kind,
+    count: u64,
+    timeout: f64,
+    out: &mut impl Write,
+) -> Result<()> {
     let ctx = zmq::Context::new();
     let sub = ctx.socket(zmq::SUB)?;
     sub.set_ipv6(endpoint.contains('['))?;
@@ -183,17 +195,33 @@ fn listen(endpoint: &str, count: u64, timeout: f64, out: &mut impl Write) -> Res
             Err(zmq::Error::EAGAIN) => continue,
             Err(e) => bail!("receiving from {endpoint}: {e}"),
         };
-        let line = match loadlink_wire::frame::decode_frames(&frames) {
-            Ok(m) => {
-                json!({ "topic": String::from_utf8_lossy(&frames[0]), "seq": m.seq, "payload": payload_json(&m.payload) })
-            }
-            Err(e) => json!({ "error": e.to_string(), "reason": e.reason() }),
-        };
-        writeln!(out, "{line}")?;
+        writeln!(out, "{}", message_json(kind, &frames))?;
         out.flush()?;
         seen += 1;
     }
     Ok(())
+}
+
+/// One received message as JSON: its topic, seq and decoded payload, or what is wrong with it.
+fn message_json(kind: Kind, frames: &[Vec<u8>]) -> Value {
+    let raw = match loadlink_wire::frame::split_frames(frames) {
+        Ok(raw) => raw,
+        Err(e) => return json!({ "error": e.to_string(), "reason": e.reason() }),
+    };
+    let payload = match kind {
+        Kind::KvBatch => match decode_kv_batch(raw.payload) {
+            Ok(batch) => kv_batch_to_json(&batch),
+            Err(e) => return json!({ "error": e.to_string(), "seq": raw.seq }),
+        },
+        Kind::Snapshot | Kind::Stat => match decode_payload(raw.payload) {
+            Ok(p) => payload_json(&p),
+            Err(e) => {
+                let e = loadlink_wire::FrameError::Payload(e);
+                return json!({ "error": e.to_string(), "reason": e.reason() });
+            }
+        },
+    };
+    json!({ "topic": String::from_utf8_lossy(raw.topic), "seq": raw.seq, "payload": payload })
 }
 
 fn payload_json(p: &Payload) -> Value {

@@ -1,6 +1,7 @@
 //! The engine's HTTP surface, shaped like SGLang's: OpenAI-compatible generation routes (JSON and
-//! SSE), `/generate`, `/server_info` with the real `kv_events` descriptor, `/v1/loads`, `/metrics`
-//! with SGLang's gauge names, `/health`, `/v1/models`.
+//! SSE), `/generate`, `/server_info` with the real `kv_events` descriptor, `/model_info`,
+//! `/get_load` (what `sglang-router` polls), `/v1/loads`, `/metrics` with SGLang's gauge names,
+//! `/health`, `/v1/models`.
 //!
 //! This file holds the configuration, the engine's start and stop, and the route table. The parts:
 //! [`crate::routes`] (handlers), [`crate::reply`] (JSON and SSE responses, abort on disconnect),
@@ -13,7 +14,7 @@ use crate::dispatch::Dispatcher;
 use crate::model::ModelConfig;
 use crate::rank::{RankHandle, spawn};
 use crate::reply::error;
-use crate::routes::{generate, loads, models, server_info};
+use crate::routes::{generate, get_load, loads, model_info, models, server_info};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -253,6 +254,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/health_generate", get(|| async { "ok" }))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_load", get(get_load))
         .route("/v1/loads", get(loads))
         .route("/metrics", get(crate::metrics::metrics))
         .fallback(|| async {

@@ -1,5 +1,6 @@
 //! The route handlers: generation (parse the body, pick a rank, submit, reply) and the read-only
-//! routes (`/v1/models`, `/server_info`, `/v1/loads`). `/metrics` is in [`crate::metrics`].
+//! routes (`/v1/models`, `/server_info`, `/model_info`, `/get_load`, `/v1/loads`). `/metrics` is in
+//! [`crate::metrics`].
 
 use crate::api::{Route, parse_chat, parse_completions, parse_generate};
 use crate::http::AppState;
@@ -12,7 +13,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use loadlink_wire::Generation;
-use loadlink_wire::loads::{Include, LoadsMeta, iso8601, render_json, render_prometheus};
+use loadlink_wire::LoadSnapshot;
+use loadlink_wire::loads::{
+    Include, LoadsMeta, iso8601, render_json, render_prometheus, snapshot_dict,
+};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -135,6 +139,58 @@ pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
         "load_publish_decline_reason": st.settings.load_range().err().flatten(),
     }))
     .into_response()
+}
+
+/// `/model_info`, SGLang's shape: what a simulated model can honestly say (no tokenizer, no HF
+/// config; SGLang's defaults for the rest). `sglang-router` reads it when a worker registers.
+pub(crate) async fn model_info(State(st): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({
+        "model_path": st.cfg.model_name,
+        "served_model_name": st.cfg.model_name,
+        "tokenizer_path": null,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "load_format": "auto",
+        "reasoning_parser": null,
+        "tool_call_parser": null,
+        "disaggregation_mode": "null",
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+        "model_type": null,
+        "architectures": null,
+    }))
+    .into_response()
+}
+
+/// `/get_load`: one object per DP rank. `sglang-router`'s load monitor (power-of-two, DP-minimum
+/// tokens) sums `num_tokens` per worker and keys ranks by `dp_rank`; the legacy fields
+/// (`num_reqs`, `num_tokens` = KV in use plus queued prompt tokens, as SGLang's scheduler counted
+/// them) sit beside the rank's `/v1/loads` core block (what SGLang 0.5.23's gRPC `get_load`
+/// returns).
+pub(crate) async fn get_load(State(st): State<Arc<AppState>>) -> Response {
+    let loads: Vec<Value> = st
+        .dispatcher
+        .snapshots()
+        .iter()
+        .map(get_load_entry)
+        .collect();
+    axum::Json(loads).into_response()
+}
+
+fn get_load_entry(s: &LoadSnapshot) -> Value {
+    let core = Include {
+        memory: false,
+        spec: false,
+        lora: false,
+        disagg: false,
+        queues: false,
+        ..Include::ALL
+    };
+    let mut entry = snapshot_dict(s, core);
+    entry["num_reqs"] = json!(s.num_running_reqs + s.num_waiting_reqs);
+    entry["num_tokens"] = json!(s.num_total_tokens);
+    entry
 }
 
 pub(crate) async fn loads(
