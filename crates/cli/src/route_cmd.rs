@@ -48,6 +48,13 @@ pub struct RouteArgs {
     /// Interval of the /health checks (ms).
     #[arg(long, default_value_t = 5000)]
     health_interval_ms: u64,
+    /// Threads that receive all load subscriptions (epoll over libzmq's ZMQ_FD; one serves
+    /// hundreds of thousands of messages a second).
+    #[arg(long, default_value_t = 1)]
+    ingest_threads: usize,
+    /// `GET /server_info` discoveries in flight at once at start.
+    #[arg(long, default_value_t = 32)]
+    discovery_concurrency: usize,
     /// Bearer token that enables POST/DELETE /workers (the admin API is off without it).
     #[arg(long, env = "LOADLINK_ADMIN_TOKEN")]
     admin_token: Option<String>,
@@ -126,6 +133,8 @@ pub fn run(a: RouteArgs) -> Result<()> {
         breaker_threshold: a.breaker_threshold.max(1),
         breaker_cooldown_ms: a.breaker_cooldown_ms,
         health_interval_ms: a.health_interval_ms,
+        ingest_threads: a.ingest_threads.max(1),
+        discovery_concurrency: a.discovery_concurrency.max(1),
         admin_token: a.admin_token,
         ..RouterConfig::default()
     };

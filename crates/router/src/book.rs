@@ -200,8 +200,18 @@ impl Worker {
     /// [`Worker::record`] at a given `now` (ms on the same clock as `load_at`); the simulator
     /// drives the book in virtual time through this.
     pub fn record_at(&self, rank: usize, seq: i64, snap: &LoadSnapshot, now: u64) -> SeqEvent {
-        let Some(r) = self.ranks.get(rank) else {
+        if !self.apply_at(rank, snap, now) {
             return SeqEvent::UnknownRank;
+        }
+        self.account_seq(rank, seq)
+    }
+
+    /// Stores `rank`'s numbers from `snap` as received at `now`, without looking at a seq (the
+    /// ingest decodes only the newest of a backlog and accounts every seq with
+    /// [`Worker::account_seq`]). False for an unknown rank.
+    pub fn apply_at(&self, rank: usize, snap: &LoadSnapshot, now: u64) -> bool {
+        let Some(r) = self.ranks.get(rank) else {
+            return false;
         };
         let clamp = |v: i64, max: i64| v.clamp(0, max);
         let running = clamp(snap.num_running_reqs, MAX_REPORTED);
@@ -231,8 +241,17 @@ impl Worker {
         r.dispatch_mark
             .store(self.dispatched.load(Relaxed), Relaxed);
         r.received_ms.store(now.max(1), Relaxed);
-        r.messages.fetch_add(1, Relaxed);
         self.aggregate();
+        true
+    }
+
+    /// Counts one received message of `rank` with sequence `seq` (decoded or not): message count,
+    /// gaps and restarts.
+    pub fn account_seq(&self, rank: usize, seq: i64) -> SeqEvent {
+        let Some(r) = self.ranks.get(rank) else {
+            return SeqEvent::UnknownRank;
+        };
+        r.messages.fetch_add(1, Relaxed);
         let prev = r.last_seq.swap(seq, Relaxed);
         if prev < 0 || seq == prev + 1 {
             SeqEvent::InOrder

@@ -26,6 +26,10 @@ pub struct RouterConfig {
     pub breaker_cooldown_ms: u64,
     pub health_interval_ms: u64,
     pub discovery_attempts: u32,
+    /// Discoveries (`GET /server_info`) in flight at once at start.
+    pub discovery_concurrency: usize,
+    /// Threads that receive every load subscription (`--ingest-threads`).
+    pub ingest_threads: usize,
     pub admin_token: Option<String>,
 }
 
@@ -48,6 +52,8 @@ impl Default for RouterConfig {
             breaker_cooldown_ms: 5000,
             health_interval_ms: 5000,
             discovery_attempts: 5,
+            discovery_concurrency: 32,
+            ingest_threads: 1,
             admin_token: None,
         }
     }

@@ -1,5 +1,6 @@
 //! The worker set: discovery from `/server_info` (the fetch here, its meaning in
-//! `loadlink_wire::discovery`), one subscription per worker, add/remove at runtime. The request
+//! `loadlink_wire::discovery`), one subscription per worker (served by [`crate::ingest`]),
+//! add/remove at runtime. The request
 //! path reads the set through an `ArcSwap` (no lock); changes build a new list and swap it in.
 
 use crate::book::{LoadSignal, Worker};
@@ -11,8 +12,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::descriptor::LoadEndpoint;
 use loadlink_wire::discovery::{NoLoad, load_endpoints, worker_url};
+use crate::ingest::stats::IngestStats;
+use crate::ingest::{Ingest, SubscriptionId};
+use crate::subscribe::configure;
+use crate::zctx::FleetContext;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -58,7 +64,11 @@ pub async fn fetch_server_info(
     let mut last = String::new();
     for attempt in 0..attempts.max(1) {
         if attempt > 0 {
-            tokio::time::sleep(delay).await;
+            // ±50% jitter: workers that failed together do not retry together.
+            let h = (url.len() as u64 ^ attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ Instant::now().elapsed().subsec_nanos() as u64;
+            let ms = delay.as_millis() as u64;
+            tokio::time::sleep(Duration::from_millis(ms / 2 + (h >> 33) % ms.max(1))).await;
             delay = (delay * 2).min(Duration::from_secs(2));
         }
         match fetch_once(client, url).await {
@@ -128,23 +138,58 @@ pub fn validate_url(url: &str) -> Result<String, String> {
 /// The live worker set.
 pub struct Fleet {
     workers: ArcSwap<Vec<Arc<Worker>>>,
-    subs: Mutex<HashMap<String, crate::subscribe::Subscription>>,
-    ctx: zmq::Context,
+    subs: Mutex<HashMap<String, SubscriptionId>>,
+    /// The ingest threads and the libzmq context they use, made at the first subscription so
+    /// the context's socket limit can be sized from the discovered fleet ([`Fleet::reserve`]).
+    ingest: OnceLock<Result<(Ingest, Arc<FleetContext>), String>>,
+    reserved_sockets: AtomicUsize,
+    ingest_threads: usize,
     epoch: Instant,
 }
 
 impl Default for Fleet {
     fn default() -> Self {
-        Fleet {
-            workers: ArcSwap::from_pointee(Vec::new()),
-            subs: Mutex::default(),
-            ctx: zmq::Context::new(),
-            epoch: Instant::now(),
-        }
+        Fleet::new(1)
     }
 }
 
 impl Fleet {
+    /// An empty fleet whose subscriptions will be served by `ingest_threads` threads.
+    pub fn new(ingest_threads: usize) -> Self {
+        Fleet {
+            workers: ArcSwap::from_pointee(Vec::new()),
+            subs: Mutex::default(),
+            ingest: OnceLock::new(),
+            reserved_sockets: AtomicUsize::new(0),
+            ingest_threads: ingest_threads.max(1),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Sizes the libzmq context for `sockets` rank subscriptions (twice that, plus room for
+    /// workers added later). Effective only before the first subscription.
+    pub fn reserve(&self, sockets: usize) {
+        self.reserved_sockets.fetch_max(sockets, Relaxed);
+    }
+
+    fn ingest(&self) -> Result<&(Ingest, Arc<FleetContext>), &str> {
+        self.ingest
+            .get_or_init(|| {
+                let want = 2 * self.reserved_sockets.load(Relaxed) + 1024;
+                let ctx = Arc::new(FleetContext::new(want, 1).map_err(|e| format!("libzmq context: {e}"))?);
+                let ingest = Ingest::start(self.ingest_threads, ctx.clone())
+                    .map_err(|e| format!("starting the ingest threads: {e}"))?;
+                Ok((ingest, ctx))
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// The ingest counters (`None` before the first subscription).
+    pub fn ingest_stats(&self) -> Option<&IngestStats> {
+        self.ingest.get()?.as_ref().ok().map(|(i, _)| &**i.stats())
+    }
+
     /// The current workers (a cheap snapshot of the list).
     pub fn workers(&self) -> Arc<Vec<Arc<Worker>>> {
         self.workers.load_full()
@@ -154,27 +199,49 @@ impl Fleet {
         self.workers.load().iter().any(|w| w.url == url)
     }
 
-    /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks.
+    /// One connected SUB per endpoint, or why not (the worker then shows that reason).
+    fn open_sockets(&self, endpoints: &[LoadEndpoint]) -> Result<Vec<(usize, zmq::Socket)>, String> {
+        let (_, ctx) = self.ingest().map_err(|e| format!("cannot subscribe: {e}"))?;
+        endpoints
+            .iter()
+            .map(|ep| {
+                let s = ctx
+                    .sub_socket()
+                    .and_then(|s| configure(&s, &ep.endpoint, ep.generation.topic()).map(|()| s));
+                s.map(|s| (ep.rank as usize, s)).map_err(|e| {
+                    let hint = if e == zmq::Error::EMFILE {
+                        let nofile = crate::fdlimit::current().map_or(0, |(soft, _)| soft);
+                        format!(
+                            " (limits: {} libzmq sockets, {nofile} file descriptors; each rank needs a socket and 2 descriptors, see docs/router.md)",
+                            ctx.max_sockets()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!("cannot subscribe to rank {}'s load socket {}: {e}{hint}", ep.rank, ep.endpoint)
+                })
+            })
+            .collect()
+    }
+
+    /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks. A worker
+    /// whose sockets cannot be opened is kept, priced on in-flight, with the reason.
     pub fn add(&self, url: &str, d: Discovery) -> Arc<Worker> {
-        let worker = Arc::new(Worker::new(
-            url.to_string(),
-            d.endpoints.len(),
-            d.no_load_reason.clone(),
-            self.epoch,
-        ));
-        if let Some(r) = &d.no_load_reason {
+        let (sockets, reason) = if d.endpoints.is_empty() {
+            (Vec::new(), d.no_load_reason)
+        } else {
+            match self.open_sockets(&d.endpoints) {
+                Ok(s) => (s, None),
+                Err(why) => (Vec::new(), Some(why)),
+            }
+        };
+        if let Some(r) = &reason {
             tracing::warn!(worker = url, "routing on in-flight only: {r}");
         }
-        let sub = if d.endpoints.is_empty() {
-            None
-        } else {
-            match crate::subscribe::subscribe(&self.ctx, worker.clone(), d.endpoints) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(worker = url, "cannot subscribe to its load sockets: {e}");
-                    None
-                }
-            }
+        let worker = Arc::new(Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch));
+        let sub = match self.ingest() {
+            Ok((ingest, _)) if !sockets.is_empty() => Some(ingest.add(worker.clone(), sockets)),
+            _ => None,
         };
         let old = {
             let mut subs = self.subs.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,7 +251,7 @@ impl Fleet {
             }
             old
         };
-        drop(old);
+        self.unsubscribe(old);
         self.workers.rcu(|ws| {
             let mut v: Vec<Arc<Worker>> = ws.iter().filter(|w| w.url != url).cloned().collect();
             v.push(worker.clone());
@@ -193,7 +260,14 @@ impl Fleet {
         worker
     }
 
+    fn unsubscribe(&self, sub: Option<SubscriptionId>) {
+        if let (Some(sub), Some(Ok((ingest, _)))) = (sub, self.ingest.get()) {
+            ingest.remove(sub);
+        }
+    }
+
     /// Removes a worker; in-flight requests on it finish normally. Returns whether it existed.
+    /// Waits (bounded) until its sockets are closed.
     pub fn remove(&self, url: &str) -> bool {
         let existed = self.contains(url);
         self.workers.rcu(|ws| {
@@ -207,7 +281,7 @@ impl Fleet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(url);
-        drop(sub);
+        self.unsubscribe(sub);
         existed
     }
 }

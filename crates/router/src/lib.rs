@@ -11,7 +11,9 @@ pub mod admin;
 pub mod book;
 pub mod config;
 pub mod dashboard;
+pub mod fdlimit;
 pub mod fleet;
+pub mod ingest;
 pub mod kv_index;
 pub mod metrics;
 pub mod policy;
@@ -20,6 +22,7 @@ pub mod server;
 pub mod state;
 pub mod subscribe;
 pub mod watch;
+pub mod zctx;
 
 pub use book::{InflightGuard, Load, LoadSignal, Source, Worker};
 pub use config::RouterConfig;

@@ -156,6 +156,34 @@ impl LabelSet for DropLabels<'_> {
     }
 }
 
+/// `{worker="URL",reason="why it cannot be priced on engine load"}`.
+struct ReasonLabels<'a> {
+    worker: &'a str,
+    reason: &'a str,
+}
+
+impl LabelSet for ReasonLabels<'_> {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("worker", self.worker);
+        w.label("reason", self.reason);
+    }
+}
+
+/// Workers that are on fallback for good (no load range, discovery failed, or their sockets could
+/// not be opened), with the reason: the cause is on the page, not only in a log line.
+fn write_reasons(e: &mut Exposition, loads: &[(&Worker, Load)]) {
+    let mut f = e.family(
+        "loadlink_worker_no_load_reason",
+        MetricType::Gauge,
+        "1 for a worker priced on in-flight only for good, labelled with why",
+    );
+    for (w, _) in loads {
+        if let Some(reason) = &w.no_load_reason {
+            f.sample(&ReasonLabels { worker: &w.url, reason }, 1);
+        }
+    }
+}
+
 /// One reading of a worker, taken with the `Load` of this scrape.
 type WorkerReading = fn(&Worker, &Load) -> Number;
 
@@ -291,6 +319,11 @@ pub fn render(st: &AppState) -> String {
     let mut e = Exposition::new();
     st.metrics.write(&mut e);
     write_workers(&mut e, &loads);
+    write_reasons(&mut e, &loads);
+    match st.fleet.ingest_stats() {
+        Some(s) => s.write(&mut e),
+        None => crate::ingest::stats::IngestStats::default().write(&mut e),
+    }
     e.finish()
 }
 

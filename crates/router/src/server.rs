@@ -27,6 +27,8 @@ pub struct RouterHandle {
 pub enum RouterError {
     #[error("--worker-urls: {0}")]
     WorkerUrl(String),
+    #[error(transparent)]
+    Descriptors(#[from] crate::fdlimit::FdLimitError),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: String,
@@ -50,7 +52,7 @@ impl RouterHandle {
         }
         self.health.abort();
         let st = self.state.clone();
-        // Unsubscribing joins subscriber threads: not on the async executor.
+        // Unsubscribing waits for the ingest thread to close the sockets: not on the executor.
         let _ = tokio::task::spawn_blocking(move || {
             for w in st.fleet.workers().iter() {
                 st.fleet.remove(&w.url);
@@ -67,7 +69,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
         .map_err(RouterError::WorkerUrl)?;
     let (listener, local) = bind(&cfg.bind_addr()).await?;
     let state = Arc::new(AppState::new(cfg));
-    add_workers(&state, &urls).await;
+    add_workers(&state, &urls).await?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, app(state.clone()), rx));
     let health = tokio::spawn(health_loop(state.clone()));
@@ -98,15 +100,26 @@ async fn bind(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), Route
     Ok((listener, local))
 }
 
-/// Discovers every worker at once and adds them to the fleet.
-async fn add_workers(state: &AppState, urls: &[String]) {
+/// Discovers the workers (at most `discovery_concurrency` at once), checks that the process may
+/// hold their sockets (raising the soft descriptor limit, or refusing with the figure), sizes the
+/// libzmq context, and adds them to the fleet.
+async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterError> {
+    use futures_util::StreamExt;
     let attempts = state.cfg.discovery_attempts;
-    let discoveries =
-        futures_util::future::join_all(urls.iter().map(|u| discover(&state.client, u, attempts)))
-            .await;
+    let discoveries: Vec<_> = futures_util::stream::iter(urls)
+        .map(|u| discover(&state.client, u, attempts))
+        .buffered(state.cfg.discovery_concurrency.max(1))
+        .collect()
+        .await;
+    let sockets: usize = discoveries.iter().map(|d| d.endpoints.len()).sum();
+    let needed = crate::fdlimit::descriptors_needed(urls.len(), sockets);
+    let soft = crate::fdlimit::ensure(needed)?;
+    tracing::info!("{} workers, {sockets} load subscriptions: {needed} file descriptors needed, soft limit {soft}", urls.len());
+    state.fleet.reserve(sockets);
     for (u, d) in urls.iter().zip(discoveries) {
         state.fleet.add(u, d);
     }
+    Ok(())
 }
 
 /// Serves `app` until `stop` fires, then drains open responses.
@@ -126,23 +139,61 @@ async fn serve(
         .await;
 }
 
-/// Marks workers healthy or not from `GET /health` every `health_interval_ms`.
+/// Marks workers healthy or not from `GET /health` every `health_interval_ms` (±10% jitter, so
+/// replicas and rounds do not align), at most [`HEALTH_CONCURRENCY`] checks in flight. A healthy
+/// worker whose load stream is fresh is not checked: its engine is demonstrably alive.
 async fn health_loop(st: Arc<AppState>) {
-    let period = Duration::from_millis(st.cfg.health_interval_ms.max(100));
+    use futures_util::StreamExt;
+    let period = st.cfg.health_interval_ms.max(100);
+    let mut round = st.seq.load(Relaxed);
     loop {
-        tokio::time::sleep(period).await;
-        for w in st.fleet.workers().iter() {
-            let req = match hyper::Request::get(format!("{}/health", w.url))
-                .body(http_body_util::Full::default())
-            {
-                Ok(r) => r,
-                Err(_) => continue,
-            };
-            let ok = matches!(tokio::time::timeout(Duration::from_secs(2), st.client.request(req)).await, Ok(Ok(r)) if r.status().is_success());
-            if w.healthy.swap(ok, Relaxed) != ok {
-                tracing::warn!(worker = %w.url, "health check {}", if ok { "passes again" } else { "failed" });
-            }
+        round = round.wrapping_add(1);
+        tokio::time::sleep(Duration::from_millis(jittered(period, round))).await;
+        let workers = st.fleet.workers();
+        let due = workers.iter().filter(|w| {
+            !(w.healthy.load(Relaxed) && stream_fresh(w, st.cfg.freshness_ms))
+        });
+        futures_util::stream::iter(due)
+            .for_each_concurrent(HEALTH_CONCURRENCY, |w| check_health(&st, w))
+            .await;
+    }
+}
+
+/// Health checks in flight at once.
+pub const HEALTH_CONCURRENCY: usize = 32;
+
+/// `period` ms ± 10%, varied by `round` (a cheap hash; no need for a real RNG).
+fn jittered(period: u64, round: u64) -> u64 {
+    let h = round.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    let span = (period / 5).max(1);
+    period - span / 2 + h % span
+}
+
+/// Whether every rank of `w` reported within the freshness bound.
+fn stream_fresh(w: &crate::book::Worker, freshness_ms: u64) -> bool {
+    !w.ranks.is_empty()
+        && w.load(crate::book::LoadSignal::Engine, freshness_ms).source == crate::book::Source::Engine
+}
+
+async fn check_health(st: &AppState, w: &Arc<crate::book::Worker>) {
+    let Ok(req) = hyper::Request::get(format!("{}/health", w.url)).body(http_body_util::Full::default()) else {
+        return;
+    };
+    let ok = matches!(tokio::time::timeout(Duration::from_secs(2), st.client.request(req)).await, Ok(Ok(r)) if r.status().is_success());
+    if w.healthy.swap(ok, Relaxed) != ok {
+        tracing::warn!(worker = %w.url, "health check {}", if ok { "passes again" } else { "failed" });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        for round in 0..1000 {
+            let j = super::jittered(5000, round);
+            assert!((4500..5500).contains(&j), "{j}");
         }
+        assert_ne!(super::jittered(5000, 1), super::jittered(5000, 2));
     }
 }
 

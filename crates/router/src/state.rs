@@ -24,8 +24,8 @@ pub struct AppState {
 impl AppState {
     pub fn new(cfg: RouterConfig) -> Self {
         AppState {
+            fleet: Fleet::new(cfg.ingest_threads),
             cfg,
-            fleet: Fleet::default(),
             client: crate::fleet::http_client(),
             seq: AtomicU64::new(0),
             metrics: Metrics::default(),
