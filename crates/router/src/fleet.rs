@@ -212,8 +212,9 @@ impl Fleet {
                     let hint = if e == zmq::Error::EMFILE {
                         let nofile = crate::fdlimit::current().map_or(0, |(soft, _)| soft);
                         format!(
-                            " (limits: {} libzmq sockets, {nofile} file descriptors; each rank needs a socket and 2 descriptors, see docs/router.md)",
-                            ctx.max_sockets()
+                            " (limits: {} libzmq sockets, {nofile} file descriptors; each rank needs a socket and {} descriptors, see docs/router.md)",
+                            ctx.max_sockets(),
+                            crate::fdlimit::FDS_PER_RANK
                         )
                     } else {
                         String::new()
