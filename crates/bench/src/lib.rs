@@ -8,6 +8,7 @@
 //! delays).
 
 pub mod demo;
+pub mod fleet;
 pub mod live;
 pub mod plot;
 pub mod report;

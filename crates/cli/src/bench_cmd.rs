@@ -24,6 +24,9 @@ pub enum BenchCommand {
     /// Write a workload as a JSONL trace on stdout (with `input_ids` when prompts share prefixes);
     /// the same seed writes the same trace.
     Trace(TraceArgs),
+    /// The router's ingest at fleet scale: N fake engines × R ranks on loopback publishing at H Hz;
+    /// reports router RSS, CPU per message, engine-priced share, load-to-book lag, proxy latency.
+    Fleet(FleetArgs),
 }
 
 #[derive(Args)]
@@ -43,6 +46,42 @@ pub struct TraceArgs {
     /// Seconds of arrivals (default: the scenario's, or 600).
     #[arg(long)]
     duration: Option<f64>,
+}
+
+#[derive(Args)]
+pub struct FleetArgs {
+    #[arg(long, default_value_t = 100)]
+    workers: usize,
+    #[arg(long, default_value_t = 8)]
+    ranks: u16,
+    /// Snapshots per second per rank.
+    #[arg(long, default_value_t = 50.0)]
+    hz: f64,
+    /// Measured window, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Proxied requests per second during the window.
+    #[arg(long, default_value_t = 100.0)]
+    request_rate: f64,
+    #[arg(long, default_value_t = 1)]
+    ingest_threads: usize,
+}
+
+fn fleet(a: FleetArgs) -> Result<()> {
+    let b = loadlink_bench::fleet::FleetBench {
+        workers: a.workers,
+        ranks: a.ranks,
+        hz: a.hz,
+        duration: a.duration,
+        request_rate: a.request_rate,
+        ingest_threads: a.ingest_threads,
+        exe: std::env::current_exe().context("locating the loadlink binary")?,
+    };
+    let r = crate::runtime()?
+        .block_on(loadlink_bench::fleet::run(&b))
+        .map_err(anyhow::Error::msg)?;
+    println!("{}", r.text(&b));
+    Ok(())
 }
 
 #[derive(Args)]
@@ -134,6 +173,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Live(l) => return live(l),
         BenchCommand::Plot(p) => return replot(&p.file),
         BenchCommand::Trace(t) => return trace(&t),
+        BenchCommand::Fleet(f) => return fleet(f),
     };
     let (mut s, load) = a.common.scenario()?;
     if let Some(d) = a.duration {

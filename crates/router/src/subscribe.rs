@@ -16,6 +16,11 @@ pub const MAX_MSG_BYTES: i64 = 1 << 20;
 pub const RECONNECT_IVL_MS: i32 = 100;
 /// Largest reconnect delay: bounds the time from a publisher's return to its next message.
 pub const RECONNECT_IVL_MAX_MS: i32 = 500;
+/// A TCP connect that has not completed by then is abandoned and retried (after the reconnect
+/// interval) instead of waiting out the kernel's SYN back-off, which reaches minutes: a
+/// publisher whose host drops SYNs, or whose accept queue overflowed in a reconnect storm of a
+/// whole fleet, is dialled again within about 1.5 s.
+pub const CONNECT_TIMEOUT_MS: i32 = 1000;
 /// Messages libzmq queues per rank before it sheds (a gauge: the newest is what matters).
 pub const RCVHWM: i32 = 1000;
 
@@ -26,6 +31,7 @@ pub fn configure(s: &zmq::Socket, endpoint: &str, topic: &[u8]) -> zmq::Result<(
     s.set_maxmsgsize(MAX_MSG_BYTES)?;
     s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
     s.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
+    s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
     s.set_tcp_keepalive(1)?;
     s.set_tcp_keepalive_idle(30)?;
     s.set_rcvhwm(RCVHWM)?;

@@ -6,6 +6,12 @@
 //! ([`drain`]) and only its newest snapshot is decoded. Workers are added and removed through a
 //! command channel with an eventfd doorbell. All ranks of a worker live on one thread, so each
 //! book entry keeps a single writer.
+//!
+//! A safety sweep: once a second the thread drains every socket that has delivered nothing for a
+//! second. If an edge were ever missed, libzmq would not signal that socket again (its pipe stays
+//! non-empty), so its rank would stay stale for good; the sweep bounds that to a second and counts
+//! what it finds in `loadlink_ingest_rescued_total` (0 when every edge is seen). It touches only
+//! quiet sockets, so its cost is O(silent ranks) per second.
 
 pub mod drain;
 mod epoll;
@@ -20,7 +26,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How often quiet sockets are swept, and how quiet they must be.
+const SWEEP: Duration = Duration::from_secs(1);
 
 /// A worker's subscription: which thread holds its sockets, under which id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,11 +98,14 @@ impl Ingest {
     pub fn add(&self, worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>) -> SubscriptionId {
         let id = self.next_id.fetch_add(1, Relaxed);
         let thread = (id % self.threads.len() as u64) as usize;
-        self.send(thread, Command::Add {
-            id,
-            worker,
-            sockets,
-        });
+        self.send(
+            thread,
+            Command::Add {
+                id,
+                worker,
+                sockets,
+            },
+        );
         SubscriptionId { thread, id }
     }
 
@@ -133,6 +145,8 @@ struct Slot {
     rank: usize,
     socket: zmq::Socket,
     fd: std::os::fd::RawFd,
+    /// When a drain last found messages.
+    last_rx: Instant,
 }
 
 const BELL: u64 = u64::MAX;
@@ -175,8 +189,14 @@ impl Loop {
     fn run(mut self) {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 512];
         let mut ready = Vec::with_capacity(events.len());
+        let mut last_sweep = Instant::now();
         loop {
-            self.epoll.wait(&mut ready, &mut events, -1);
+            self.epoll
+                .wait(&mut ready, &mut events, SWEEP.as_millis() as i32);
+            if last_sweep.elapsed() >= SWEEP {
+                self.sweep();
+                last_sweep = Instant::now();
+            }
             self.stats.wakeups.fetch_add(1, Relaxed);
             for &token in &ready {
                 if token == BELL {
@@ -191,10 +211,26 @@ impl Loop {
         }
     }
 
-    fn drain(&mut self, i: usize) {
-        if let Some(Some(s)) = self.slots.get(i) {
-            drain_rank(&s.socket, &s.worker, s.rank, &mut self.scratch, &self.stats);
-            self.stats.drains.fetch_add(1, Relaxed);
+    /// Drains slot `i`; returns how many messages it had.
+    fn drain(&mut self, i: usize) -> u64 {
+        let Some(Some(s)) = self.slots.get_mut(i) else {
+            return 0;
+        };
+        let d = drain_rank(&s.socket, &s.worker, s.rank, &mut self.scratch, &self.stats);
+        self.stats.drains.fetch_add(1, Relaxed);
+        if d.messages > 0 {
+            s.last_rx = Instant::now();
+        }
+        d.messages
+    }
+
+    /// Drains the sockets that delivered nothing for [`SWEEP`] (see the module docs).
+    fn sweep(&mut self) {
+        for i in 0..self.slots.len() {
+            let quiet = matches!(&self.slots[i], Some(s) if s.last_rx.elapsed() >= SWEEP);
+            if quiet && self.drain(i) > 0 {
+                self.stats.rescued.fetch_add(1, Relaxed);
+            }
         }
     }
 
@@ -241,6 +277,7 @@ impl Loop {
                 rank,
                 socket,
                 fd,
+                last_rx: Instant::now(),
             });
             self.by_id.entry(id).or_default().push(i);
             self.stats.subscriptions.fetch_add(1, Relaxed);

@@ -20,6 +20,8 @@ pub struct IngestStats {
     pub drains: AtomicU64,
     pub wakeups: AtomicU64,
     pub subscriptions: AtomicU64,
+    /// Sweeps of a quiet socket that found messages no edge had announced.
+    pub rescued: AtomicU64,
     lag_buckets: [AtomicU64; LAG_BUCKETS_S.len()],
     lag_count: AtomicU64,
     lag_sum_us: AtomicU64,
@@ -75,6 +77,11 @@ impl IngestStats {
                 "loadlink_ingest_wakeups_total",
                 "Returns from epoll_wait",
                 &self.wakeups,
+            ),
+            (
+                "loadlink_ingest_rescued_total",
+                "Quiet sockets whose once-a-second sweep found messages no readiness edge announced",
+                &self.rescued,
             ),
         ];
         for (name, help, c) in counters {
