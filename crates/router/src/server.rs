@@ -191,18 +191,6 @@ async fn check_health(st: &AppState, w: &Arc<crate::book::Worker>) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn jitter_stays_within_ten_percent() {
-        for round in 0..1000 {
-            let j = super::jittered(5000, round);
-            assert!((4500..5500).contains(&j), "{j}");
-        }
-        assert_ne!(super::jittered(5000, 1), super::jittered(5000, 2));
-    }
-}
-
 fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -221,4 +209,16 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", any(proxy::proxied))
         .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such route; the router serves /v1/chat/completions, /v1/completions, /generate, /v1/models, /workers, /metrics, /health") })
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        for round in 0..1000 {
+            let j = super::jittered(5000, round);
+            assert!((4500..5500).contains(&j), "{j}");
+        }
+        assert_ne!(super::jittered(5000, 1), super::jittered(5000, 2));
+    }
 }
