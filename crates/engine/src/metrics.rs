@@ -8,47 +8,25 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use loadlink_wire::LoadSnapshot;
-use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType, Number};
+use loadlink_wire::prom::{Exposition, MetricType, Number};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The labels of SGLang's per-rank gauges.
-struct RankLabels<'a> {
-    dp_rank: i64,
-    model_name: &'a str,
+loadlink_wire::label_set! {
+    /// The labels of SGLang's per-rank gauges.
+    struct RankLabels<'a> { dp_rank: i64, model_name: &'a str }
 }
 
-impl LabelSet for RankLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("dp_rank", self.dp_rank);
-        w.label("model_name", self.model_name);
-    }
-}
-
-/// The labels of `loadlink_publish_total`.
-struct PublishLabels<'a> {
-    rank: u32,
-    sink: &'a str,
-    outcome: &'a str,
-}
-
-impl LabelSet for PublishLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("rank", self.rank);
-        w.label("sink", self.sink);
-        w.label("outcome", self.outcome);
-    }
+loadlink_wire::label_set! {
+    /// The labels of `loadlink_publish_total`.
+    struct PublishLabels<'a> { rank: u32, sink: &'a str, outcome: &'a str }
 }
 
 type Gauge = (&'static str, &'static str, fn(&LoadSnapshot) -> f64);
 
-/// The `rank` label of the per-rank cache families.
-struct Rank(u32);
-
-impl LabelSet for Rank {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("rank", self.0);
-    }
+loadlink_wire::label_set! {
+    /// The `rank` label of the per-rank cache families.
+    struct Rank { rank: u32 }
 }
 
 type CacheReading = fn(&CacheCounters) -> &AtomicU64;
@@ -80,7 +58,10 @@ fn cache_families(page: &mut Exposition, st: &AppState) {
     for (name, ty, help, read) in CACHE_FAMILIES {
         let mut family = page.family(name, ty, help);
         for r in &st.ranks {
-            family.sample(&Rank(r.rank), read(&r.cache).load(Ordering::Relaxed));
+            family.sample(
+                &Rank { rank: r.rank },
+                read(&r.cache).load(Ordering::Relaxed),
+            );
         }
     }
 }

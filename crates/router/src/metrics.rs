@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use loadlink_wire::FrameError;
-use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType, Number};
+use loadlink_wire::prom::{Exposition, MetricType, Number};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -106,67 +106,25 @@ impl Metrics {
     }
 }
 
-/// `{worker="URL"}`.
-struct WorkerLabels<'a> {
-    worker: &'a str,
+loadlink_wire::label_set! {
+    /// `{worker="URL"}`.
+    struct WorkerLabels<'a> { worker: &'a str }
 }
 
-impl LabelSet for WorkerLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("worker", self.worker);
-    }
+loadlink_wire::label_set! {
+    /// `{worker="URL",source="engine|fallback"}`.
+    struct SourcedLabels<'a> { worker: &'a str, source: &'static str }
 }
 
-/// `{worker="URL",source="engine|fallback"}`.
-struct SourcedLabels<'a> {
-    worker: &'a str,
-    source: Source,
+loadlink_wire::label_set! {
+    /// `{worker="URL",rank="R"}`.
+    struct RankLabels<'a> { worker: &'a str, rank: usize }
 }
 
-impl LabelSet for SourcedLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("worker", self.worker);
-        w.label("source", self.source.as_str());
-    }
-}
-
-/// `{worker="URL",rank="R"}`.
-struct RankLabels<'a> {
-    worker: &'a str,
-    rank: usize,
-}
-
-impl LabelSet for RankLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("worker", self.worker);
-        w.label("rank", self.rank);
-    }
-}
-
-/// `{worker="URL",reason="<FrameError::reason>"}`.
-struct DropLabels<'a> {
-    worker: &'a str,
-    reason: &'static str,
-}
-
-impl LabelSet for DropLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("worker", self.worker);
-        w.label("reason", self.reason);
-    }
-}
-
-/// `{worker="URL",reason="why it cannot be priced on engine load"}`.
-struct ReasonLabels<'a> {
-    worker: &'a str,
-    reason: &'a str,
-}
-
-impl LabelSet for ReasonLabels<'_> {
-    fn write_labels(&self, w: &mut LabelWriter<'_>) {
-        w.label("worker", self.worker);
-        w.label("reason", self.reason);
-    }
+loadlink_wire::label_set! {
+    /// `{worker="URL",reason="<FrameError::reason>"}`, and for workers on fallback for good,
+    /// `{worker="URL",reason="why it cannot be priced on engine load"}`.
+    struct ReasonLabels<'a> { worker: &'a str, reason: &'a str }
 }
 
 /// Workers that are on fallback for good (no load range, discovery failed, or their sockets could
@@ -273,7 +231,7 @@ fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
     for (w, l) in loads {
         let labels = SourcedLabels {
             worker: &w.url,
-            source: l.source,
+            source: l.source.as_str(),
         };
         f.sample(&labels, l.requests);
     }
@@ -305,7 +263,7 @@ fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
     for (w, _) in loads {
         for (reason, n) in FrameError::REASONS.iter().zip(&w.dropped) {
             f.sample(
-                &DropLabels {
+                &ReasonLabels {
                     worker: &w.url,
                     reason,
                 },

@@ -21,6 +21,31 @@
 mod parse;
 mod write;
 
+/// Declares a label-set struct and its [`LabelSet`] impl in one go: each field is a label of the
+/// same name, written with its `Display`.
+///
+/// ```
+/// loadlink_wire::label_set! {
+///     /// `{worker="URL",rank="R"}`.
+///     pub struct RankLabels<'a> { worker: &'a str, rank: usize }
+/// }
+/// ```
+#[macro_export]
+macro_rules! label_set {
+    ($(#[$m:meta])* $vis:vis struct $name:ident $(<$lt:lifetime>)? { $($field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$m])*
+        $vis struct $name $(<$lt>)? {
+            $($vis $field: $ty,)*
+        }
+
+        impl $(<$lt>)? $crate::prom::LabelSet for $name $(<$lt>)? {
+            fn write_labels(&self, w: &mut $crate::prom::LabelWriter<'_>) {
+                $(w.label(stringify!($field), &self.$field);)*
+            }
+        }
+    };
+}
+
 pub use parse::{Family, ParseError, Sample, Scrape, parse};
 pub use write::{Exposition, FamilyWriter, LabelSet, LabelWriter, MetricType, Number};
 
