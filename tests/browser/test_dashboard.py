@@ -9,8 +9,8 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -24,10 +24,8 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
+from cli_helpers import free_port, free_port_block  # noqa: E402  (one port allocator for both suites)
 
 
 def http(method: str, url: str, body: dict | None = None, timeout: float = 30) -> dict:
@@ -83,7 +81,7 @@ def fleet():
 
     engines = []
     for _ in range(2):
-        port, kv = free_port(), free_port()
+        port, kv = free_port(), free_port_block(2)  # the KV port, then the load range after it
         spawn("engine", "--port", str(port), "--max-running-requests", "4", "--time-scale", "2",
               "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv}"}), "--duration", "120")
         engines.append(f"http://127.0.0.1:{port}")

@@ -13,8 +13,32 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("LOADLINK_BIN") or str(REPO / "target" / "debug" / "loadlink")
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def free_port_block(n: int) -> int:
+    """The first of `n` consecutive ports that are all free now (each checked by binding it on
+    every interface) and that this process has not handed out before. An engine binds its KV port
+    and the load range after it, so checking only the first port is not enough: under load, a port
+    above it can be another process's ephemeral port."""
+    for _ in range(500):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        block = range(base, base + n)
+        if base + n > 65535 or any(p in _HANDED_OUT for p in block):
+            continue
+        try:
+            for p in block:
+                with socket.socket() as t:
+                    t.bind(("0.0.0.0", p))
+        except OSError:
+            continue
+        _HANDED_OUT.update(block)
+        return base
+    raise RuntimeError(f"no block of {n} free ports found")
+
+
 def free_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1 (free now; nothing reserves it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port not handed out before in this process."""
+    return free_port_block(1)

@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 
-from cli_helpers import BIN, free_port
+from cli_helpers import BIN, free_port, free_port_block
 
 
 def start_engine(*args: str) -> tuple[subprocess.Popen, str]:
@@ -28,7 +28,7 @@ def start_engine(*args: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_watch_shows_changing_numbers():
-    kv = free_port()
+    kv = free_port_block(2)  # the KV port, then the load range after it
     p, url = start_engine("--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv}"}))
     try:
         def load() -> None:
