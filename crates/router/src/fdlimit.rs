@@ -36,7 +36,7 @@ pub fn current() -> std::io::Result<(u64, u64)> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok((r.rlim_cur as u64, r.rlim_max as u64))
+    Ok((r.rlim_cur, r.rlim_max))
 }
 
 /// Raises the soft limit to `needed` if it is lower (and the hard limit too when it is lower and
@@ -47,8 +47,8 @@ pub fn ensure(needed: u64) -> Result<u64, FdLimitError> {
         return Ok(soft);
     }
     let r = libc::rlimit {
-        rlim_cur: needed as libc::rlim_t,
-        rlim_max: hard.max(needed) as libc::rlim_t,
+        rlim_cur: needed,
+        rlim_max: hard.max(needed),
     };
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
         return Err(FdLimitError { needed, hard });

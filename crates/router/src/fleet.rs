@@ -4,7 +4,11 @@
 //! path reads the set through an `ArcSwap` (no lock); changes build a new list and swap it in.
 
 use crate::book::{LoadSignal, Worker};
+use crate::ingest::stats::IngestStats;
+use crate::ingest::{Ingest, SubscriptionId};
 use crate::policy::View;
+use crate::subscribe::configure;
+use crate::zctx::FleetContext;
 use arc_swap::ArcSwap;
 use axum::body::Bytes;
 use http_body_util::Full;
@@ -12,10 +16,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::descriptor::LoadEndpoint;
 use loadlink_wire::discovery::{NoLoad, load_endpoints, worker_url};
-use crate::ingest::stats::IngestStats;
-use crate::ingest::{Ingest, SubscriptionId};
-use crate::subscribe::configure;
-use crate::zctx::FleetContext;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -176,7 +176,9 @@ impl Fleet {
         self.ingest
             .get_or_init(|| {
                 let want = 2 * self.reserved_sockets.load(Relaxed) + 1024;
-                let ctx = Arc::new(FleetContext::new(want, 1).map_err(|e| format!("libzmq context: {e}"))?);
+                let ctx = Arc::new(
+                    FleetContext::new(want, 1).map_err(|e| format!("libzmq context: {e}"))?,
+                );
                 let ingest = Ingest::start(self.ingest_threads, ctx.clone())
                     .map_err(|e| format!("starting the ingest threads: {e}"))?;
                 Ok((ingest, ctx))
@@ -200,8 +202,13 @@ impl Fleet {
     }
 
     /// One connected SUB per endpoint, or why not (the worker then shows that reason).
-    fn open_sockets(&self, endpoints: &[LoadEndpoint]) -> Result<Vec<(usize, zmq::Socket)>, String> {
-        let (_, ctx) = self.ingest().map_err(|e| format!("cannot subscribe: {e}"))?;
+    fn open_sockets(
+        &self,
+        endpoints: &[LoadEndpoint],
+    ) -> Result<Vec<(usize, zmq::Socket)>, String> {
+        let (_, ctx) = self
+            .ingest()
+            .map_err(|e| format!("cannot subscribe: {e}"))?;
         endpoints
             .iter()
             .map(|ep| {
@@ -239,7 +246,12 @@ impl Fleet {
         if let Some(r) = &reason {
             tracing::warn!(worker = url, "routing on in-flight only: {r}");
         }
-        let worker = Arc::new(Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch));
+        let worker = Arc::new(Worker::new(
+            url.to_string(),
+            d.endpoints.len(),
+            reason,
+            self.epoch,
+        ));
         let sub = match self.ingest() {
             Ok((ingest, _)) if !sockets.is_empty() => Some(ingest.add(worker.clone(), sockets)),
             _ => None,

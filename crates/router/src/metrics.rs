@@ -179,7 +179,13 @@ fn write_reasons(e: &mut Exposition, loads: &[(&Worker, Load)]) {
     );
     for (w, _) in loads {
         if let Some(reason) = &w.no_load_reason {
-            f.sample(&ReasonLabels { worker: &w.url, reason }, 1);
+            f.sample(
+                &ReasonLabels {
+                    worker: &w.url,
+                    reason,
+                },
+                1,
+            );
         }
     }
 }

@@ -114,7 +114,10 @@ async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterErro
     let sockets: usize = discoveries.iter().map(|d| d.endpoints.len()).sum();
     let needed = crate::fdlimit::descriptors_needed(urls.len(), sockets);
     let soft = crate::fdlimit::ensure(needed)?;
-    tracing::info!("{} workers, {sockets} load subscriptions: {needed} file descriptors needed, soft limit {soft}", urls.len());
+    tracing::info!(
+        "{} workers, {sockets} load subscriptions: {needed} file descriptors needed, soft limit {soft}",
+        urls.len()
+    );
     state.fleet.reserve(sockets);
     for (u, d) in urls.iter().zip(discoveries) {
         state.fleet.add(u, d);
@@ -150,9 +153,9 @@ async fn health_loop(st: Arc<AppState>) {
         round = round.wrapping_add(1);
         tokio::time::sleep(Duration::from_millis(jittered(period, round))).await;
         let workers = st.fleet.workers();
-        let due = workers.iter().filter(|w| {
-            !(w.healthy.load(Relaxed) && stream_fresh(w, st.cfg.freshness_ms))
-        });
+        let due = workers
+            .iter()
+            .filter(|w| !(w.healthy.load(Relaxed) && stream_fresh(w, st.cfg.freshness_ms)));
         futures_util::stream::iter(due)
             .for_each_concurrent(HEALTH_CONCURRENCY, |w| check_health(&st, w))
             .await;
@@ -172,28 +175,19 @@ fn jittered(period: u64, round: u64) -> u64 {
 /// Whether every rank of `w` reported within the freshness bound.
 fn stream_fresh(w: &crate::book::Worker, freshness_ms: u64) -> bool {
     !w.ranks.is_empty()
-        && w.load(crate::book::LoadSignal::Engine, freshness_ms).source == crate::book::Source::Engine
+        && w.load(crate::book::LoadSignal::Engine, freshness_ms).source
+            == crate::book::Source::Engine
 }
 
 async fn check_health(st: &AppState, w: &Arc<crate::book::Worker>) {
-    let Ok(req) = hyper::Request::get(format!("{}/health", w.url)).body(http_body_util::Full::default()) else {
+    let Ok(req) =
+        hyper::Request::get(format!("{}/health", w.url)).body(http_body_util::Full::default())
+    else {
         return;
     };
     let ok = matches!(tokio::time::timeout(Duration::from_secs(2), st.client.request(req)).await, Ok(Ok(r)) if r.status().is_success());
     if w.healthy.swap(ok, Relaxed) != ok {
         tracing::warn!(worker = %w.url, "health check {}", if ok { "passes again" } else { "failed" });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn jitter_stays_within_ten_percent() {
-        for round in 0..1000 {
-            let j = super::jittered(5000, round);
-            assert!((4500..5500).contains(&j), "{j}");
-        }
-        assert_ne!(super::jittered(5000, 1), super::jittered(5000, 2));
     }
 }
 
@@ -215,4 +209,16 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", any(proxy::proxied))
         .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such route; the router serves /v1/chat/completions, /v1/completions, /generate, /v1/models, /workers, /metrics, /health") })
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        for round in 0..1000 {
+            let j = super::jittered(5000, round);
+            assert!((4500..5500).contains(&j), "{j}");
+        }
+        assert_ne!(super::jittered(5000, 1), super::jittered(5000, 2));
+    }
 }

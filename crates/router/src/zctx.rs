@@ -99,7 +99,11 @@ mod tests {
     #[test]
     fn the_default_limit_is_what_capped_the_fleet() {
         let ctx = FleetContext::new(10, 1).unwrap();
-        assert_eq!(ctx.max_sockets(), ZMQ_DEFAULT_MAX_SOCKETS, "never below the default");
+        assert_eq!(
+            ctx.max_sockets(),
+            ZMQ_DEFAULT_MAX_SOCKETS,
+            "never below the default"
+        );
         let made: Vec<_> = (0..1100).map(|_| ctx.sub_socket()).collect();
         assert!(
             made.iter().any(|s| matches!(s, Err(zmq::Error::EMFILE))),

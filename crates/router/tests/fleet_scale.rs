@@ -55,9 +55,15 @@ async fn fake_workers(ranks: u32, load_base: u16) -> u16 {
     };
     let info = json!({ "dp_size": ranks, "kv_events": kv });
     let app = axum::Router::new()
-        .route("/server_info", get(move || std::future::ready(axum::Json(info.clone()))))
+        .route(
+            "/server_info",
+            get(move || std::future::ready(axum::Json(info.clone()))),
+        )
         .route("/health", get(|| async { "ok" }))
-        .route("/v1/completions", post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }));
+        .route(
+            "/v1/completions",
+            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
+        );
     tokio::spawn(async move { axum::serve(listener, app).await });
     port
 }
@@ -122,8 +128,16 @@ async fn two_hundred_workers_of_eight_ranks_are_all_priced_on_engine_load() {
     })
     .await;
     let stats = st.fleet.ingest_stats().expect("ingest running");
-    assert_eq!(stats.subscriptions.load(Relaxed), (n * ranks as usize) as u64);
-    assert!(st.fleet.workers().iter().all(|w| w.no_load_reason.is_none()));
+    assert_eq!(
+        stats.subscriptions.load(Relaxed),
+        (n * ranks as usize) as u64
+    );
+    assert!(
+        st.fleet
+            .workers()
+            .iter()
+            .all(|w| w.no_load_reason.is_none())
+    );
     stop.store(true, Relaxed);
     pubt.join().unwrap();
     r.stop().await;
@@ -153,15 +167,26 @@ fn a_backlog_is_decoded_once_and_every_seq_is_accounted() {
     let stats = IngestStats::default();
     let mut scratch = Scratch::default();
     let d = drain_rank(&sub, &w, 0, &mut scratch, &stats);
-    assert_eq!(d.messages, seqs.len() as u64 + 2, "every queued message received");
+    assert_eq!(
+        d.messages,
+        seqs.len() as u64 + 2,
+        "every queued message received"
+    );
     assert_eq!(d.decoded, 1, "only the newest is decoded");
     let r = &w.ranks[0];
     assert_eq!(r.gaps.load(Relaxed), 5, "10..=14 skipped");
     assert_eq!(r.restarts.load(Relaxed), 1, "19 → 3 is a restart");
     assert_eq!(r.messages.load(Relaxed), seqs.len() as u64 + 1);
     assert_eq!(r.last_seq.load(Relaxed), 6);
-    assert_eq!(r.waiting.load(Relaxed), 77, "the newest snapshot is in the book");
-    assert_eq!(w.dropped[loadlink_wire::FrameError::FrameCount(2).index()].load(Relaxed), 1);
+    assert_eq!(
+        r.waiting.load(Relaxed),
+        77,
+        "the newest snapshot is in the book"
+    );
+    assert_eq!(
+        w.dropped[loadlink_wire::FrameError::FrameCount(2).index()].load(Relaxed),
+        1
+    );
     assert_eq!(stats.decoded.load(Relaxed), 1);
     let d = drain_rank(&sub, &w, 0, &mut scratch, &stats);
     assert_eq!((d.messages, d.decoded), (0, 0), "drained fully");
@@ -182,18 +207,28 @@ async fn a_cut_rank_falls_back_and_is_used_again_soon_after_it_returns() {
     })
     .await;
     let st = r.state.clone();
-    let source = move || st.fleet.workers()[0].load(LoadSignal::Engine, freshness_ms).source;
-    wait_for("engine load", 20, || std::future::ready(source() == Source::Engine)).await;
+    let source = move || {
+        st.fleet.workers()[0]
+            .load(LoadSignal::Engine, freshness_ms)
+            .source
+    };
+    wait_for("engine load", 20, || {
+        std::future::ready(source() == Source::Engine)
+    })
+    .await;
     cut.store(1, Relaxed);
     let cut_at = Instant::now();
-    wait_for("fallback after the cut", 10, || std::future::ready(source() == Source::Fallback)).await;
+    wait_for("fallback after the cut", 10, || {
+        std::future::ready(source() == Source::Fallback)
+    })
+    .await;
     let fell_back = cut_at.elapsed();
     tokio::time::sleep(Duration::from_secs(8).saturating_sub(cut_at.elapsed())).await;
     cut.store(usize::MAX, Relaxed);
     let back_at = Instant::now();
     // libzmq retries a lost publisher at most every 500 ms, so a 3 s bound leaves room for a
     // loaded machine; the measured figure is printed (docs/router.md quotes it).
-    assert!(loadlink_router::subscribe::RECONNECT_IVL_MAX_MS <= 500);
+    const { assert!(loadlink_router::subscribe::RECONNECT_IVL_MAX_MS <= 500) };
     wait_for("engine load again after the socket returns", 3, || {
         std::future::ready(source() == Source::Engine)
     })

@@ -22,7 +22,11 @@ pub struct Scratch {
 impl Default for Scratch {
     fn default() -> Self {
         Scratch {
-            frames: [zmq::Message::new(), zmq::Message::new(), zmq::Message::new()],
+            frames: [
+                zmq::Message::new(),
+                zmq::Message::new(),
+                zmq::Message::new(),
+            ],
             newest: zmq::Message::new(),
             snap: LoadSnapshot::default(),
         }
@@ -53,8 +57,7 @@ fn recv_message(s: &zmq::Socket, frames: &mut [zmq::Message; 3]) -> zmq::Result<
 
 /// Whether libzmq has more for `s` (this also lets it process pending commands).
 fn readable(s: &zmq::Socket) -> bool {
-    s.get_events()
-        .is_ok_and(|e| e.contains(zmq::POLLIN))
+    s.get_events().is_ok_and(|e| e.contains(zmq::POLLIN))
 }
 
 /// Drains `socket` (rank `rank` of `worker`) as described in the module docs.

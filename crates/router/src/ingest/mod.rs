@@ -98,11 +98,14 @@ impl Ingest {
     pub fn add(&self, worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>) -> SubscriptionId {
         let id = self.next_id.fetch_add(1, Relaxed);
         let thread = (id % self.threads.len() as u64) as usize;
-        self.send(thread, Command::Add {
-            id,
-            worker,
-            sockets,
-        });
+        self.send(
+            thread,
+            Command::Add {
+                id,
+                worker,
+                sockets,
+            },
+        );
         SubscriptionId { thread, id }
     }
 
@@ -188,7 +191,8 @@ impl Loop {
         let mut ready = Vec::with_capacity(events.len());
         let mut last_sweep = Instant::now();
         loop {
-            self.epoll.wait(&mut ready, &mut events, SWEEP.as_millis() as i32);
+            self.epoll
+                .wait(&mut ready, &mut events, SWEEP.as_millis() as i32);
             if last_sweep.elapsed() >= SWEEP {
                 self.sweep();
                 last_sweep = Instant::now();
