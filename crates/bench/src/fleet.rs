@@ -1,10 +1,14 @@
 //! `loadlink bench fleet`: the router's ingest at fleet scale, on loopback.
 //!
 //! N fake engines × R ranks are stood up cheaply in this process: every worker is a distinct
-//! 127.0.x.y address on one HTTP port (one app answers `/server_info`, `/health` and completions
-//! for all of them), and each rank's PUB is bound on 0.0.0.0, so one PUB per rank serves every
-//! worker's subscription to that rank. A publisher thread sends generation-A snapshots (stamped with
-//! the time they were taken) on every rank at H Hz: N × R × H messages a second reach the router.
+//! 127.x.y.z address on one HTTP port (one app answers `/server_info`, `/health` and completions
+//! for all of them), and each rank's PUB is bound on 0.0.0.0, so one PUB serves many workers'
+//! subscriptions to that rank. Workers are split into groups of [`GROUP`]; each group has its own R
+//! PUBs (`/server_info` answers per `Host` with its group's port base) and publishes at its own
+//! phase of the period, so the router sees arrivals spread over the period as from independent
+//! engines, not one synchronized burst of N × R messages. A publisher thread sends generation-A
+//! snapshots (stamped with the time they were taken) on every rank at H Hz: N × R × H messages a
+//! second reach the router.
 //! The router is a real `loadlink route` child process, so its RSS and CPU are its own. Reported:
 //! router RSS and CPU per message, the share of workers priced on engine load, the load-change-to-
 //! book lag (p50/p99 from the router's `loadlink_ingest_lag_seconds`), and proxied request latency
@@ -108,12 +112,14 @@ impl Drop for Killed {
 
 /// Runs the experiment.
 pub async fn run(b: &FleetBench) -> Result<FleetReport, String> {
-    let base = loadlink_publish::free_port_block(b.ranks)?;
-    let http = fake_workers(b.ranks, base).await?;
+    let groups = b.workers.div_ceil(GROUP).max(1);
+    let ports = u16::try_from(groups * b.ranks as usize).map_err(|_| "too many PUB ports")?;
+    let base = loadlink_publish::free_port_block(ports)?;
+    let http = fake_workers(b.ranks, base, groups).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let pub_thread = {
         let (stop, ranks, hz) = (stop.clone(), b.ranks, b.hz);
-        std::thread::spawn(move || publish(base, ranks, hz, &stop))
+        std::thread::spawn(move || publish(base, ranks, groups, hz, &stop))
     };
     let result = measure(b, http).await;
     stop.store(true, Relaxed);
@@ -158,7 +164,7 @@ async fn measure(b: &FleetBench, http: u16) -> Result<FleetReport, String> {
         t0.elapsed().as_secs_f64(),
     );
     let delta = |name: &str| total(&m1, name) - total(&m0, name);
-    let threads = thread_cpu(pid)
+    let threads: Vec<(String, f64)> = thread_cpu(pid)
         .into_iter()
         .map(|(n, c)| {
             let before = threads0.iter().find(|(m, _)| *m == n).map_or(0.0, |x| x.1);
@@ -167,15 +173,17 @@ async fn measure(b: &FleetBench, http: u16) -> Result<FleetReport, String> {
         .filter(|(_, c)| *c > 0.005)
         .collect();
     let received = delta("loadlink_ingest_messages_total");
+    // The process total and the sum over its threads can disagree on a busy VM; take the larger.
+    let cores = ((cpu1 - cpu0) / secs).max(threads.iter().map(|(_, c)| c).sum());
     let (p50, p99) = lag_quantiles(&m0, &m1);
     let mut r = FleetReport {
         offered_per_s: b.workers as f64 * b.ranks as f64 * b.hz,
         received_per_s: received / secs,
         decoded_per_s: delta("loadlink_ingest_decoded_total") / secs,
         router_rss_mib: rss_mib(pid)?,
-        router_cores: (cpu1 - cpu0) / secs,
+        router_cores: cores,
         cpu_us_per_message: if received > 0.0 {
-            (cpu1 - cpu0) * 1e6 / received
+            cores * secs * 1e6 / received
         } else {
             f64::NAN
         },
@@ -205,30 +213,49 @@ pub fn worker_url(i: usize, port: u16) -> String {
     )
 }
 
-/// One HTTP app on 0.0.0.0 that answers for every worker; returns its port.
-async fn fake_workers(ranks: u16, load_base: u16) -> Result<u16, String> {
+/// Workers per publishing group (one PUB per rank per group).
+pub const GROUP: usize = 100;
+
+/// Worker index of a `Host` header written by [`worker_url`].
+fn worker_index(host: &str) -> usize {
+    let ip = host.split(':').next().unwrap_or("");
+    let o: Vec<usize> = ip.split('.').filter_map(|x| x.parse().ok()).collect();
+    match o[..] {
+        [127, a, b, c] => (a - 1) * 62_500 + b * 250 + c.saturating_sub(1),
+        _ => 0,
+    }
+}
+
+/// One HTTP app on 0.0.0.0 that answers for every worker; returns its port. `/server_info`
+/// advertises the load ports of the asking worker's group.
+async fn fake_workers(ranks: u16, load_base: u16, groups: usize) -> Result<u16, String> {
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0")
         .await
         .map_err(|e| format!("binding the fake workers' HTTP port: {e}"))?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-    let kv = KvEventsDescriptor {
-        publisher: "zmq".into(),
-        endpoint_host: "*".into(),
-        endpoint_port_base: load_base.wrapping_add(1000),
-        topic: String::new(),
-        block_size: 16,
-        dp_size: ranks as u32,
-        load_endpoint_port_base: Some(load_base),
-        load_topic: None,
-        replay_endpoint_port_base: None,
+    let info = move |headers: axum::http::HeaderMap| {
+        let host = headers
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let group = (worker_index(host) / GROUP).min(groups - 1);
+        let base = load_base + (group * ranks as usize) as u16;
+        let kv = KvEventsDescriptor {
+            publisher: "zmq".into(),
+            endpoint_host: "*".into(),
+            endpoint_port_base: base.wrapping_add(20_000),
+            topic: String::new(),
+            block_size: 16,
+            dp_size: ranks as u32,
+            load_endpoint_port_base: Some(base),
+            load_topic: None,
+            replay_endpoint_port_base: None,
+        };
+        std::future::ready(axum::Json(json!({ "dp_size": ranks, "kv_events": kv })))
     };
-    let info = json!({ "dp_size": ranks, "kv_events": kv });
     let done = json!({"choices": [{"text": "ok"}]});
     let app = axum::Router::new()
-        .route(
-            "/server_info",
-            axum::routing::get(move || std::future::ready(axum::Json(info.clone()))),
-        )
+        .route("/server_info", axum::routing::get(info))
         .route("/health", axum::routing::get(|| async { "ok" }))
         .route(
             "/v1/completions",
@@ -238,37 +265,40 @@ async fn fake_workers(ranks: u16, load_base: u16) -> Result<u16, String> {
     Ok(port)
 }
 
-/// Publishes a stamped snapshot on every rank at `hz` until `stop`.
-fn publish(base: u16, ranks: u16, hz: f64, stop: &AtomicBool) {
+/// Publishes a stamped snapshot on every rank of every group at `hz` until `stop`; group g
+/// publishes at phase g / groups of the period.
+fn publish(base: u16, ranks: u16, groups: usize, hz: f64, stop: &AtomicBool) {
     let ctx = zmq::Context::new();
-    let pubs: Vec<zmq::Socket> = (0..ranks)
-        .filter_map(|r| {
+    let pubs: Vec<zmq::Socket> = (0..groups as u16 * ranks)
+        .filter_map(|p| {
             let s = ctx.socket(zmq::PUB).ok()?;
             s.set_linger(0).ok()?;
             s.set_sndhwm(1000).ok()?;
-            // One PUB serves every worker's subscription to its rank: a fleet connects at once.
+            // One PUB serves a whole group's subscriptions to its rank: they connect at once.
             s.set_backlog(4096).ok()?;
-            s.bind(&format!("tcp://0.0.0.0:{}", base + r)).ok()?;
+            s.bind(&format!("tcp://0.0.0.0:{}", base + p)).ok()?;
             Some(s)
         })
         .collect();
-    let period = Duration::from_secs_f64(1.0 / hz.max(0.1));
+    let slot = Duration::from_secs_f64(1.0 / hz.max(0.1) / groups as f64);
     let mut next = Instant::now();
     let mut seq = 0i64;
     while !stop.load(Relaxed) {
-        for (r, s) in pubs.iter().enumerate() {
-            let snap = LoadSnapshot {
-                num_running_reqs: r as i64,
-                num_waiting_reqs: seq % 7,
-                timestamp: Some(unix_now()),
-                ..Default::default()
-            };
-            let bytes = snapshot_bytes(&snap);
-            let _ = s.send_multipart([&b""[..], &seq.to_be_bytes(), &bytes], zmq::DONTWAIT);
+        for group in pubs.chunks(ranks as usize) {
+            for (r, s) in group.iter().enumerate() {
+                let snap = LoadSnapshot {
+                    num_running_reqs: r as i64,
+                    num_waiting_reqs: seq % 7,
+                    timestamp: Some(unix_now()),
+                    ..Default::default()
+                };
+                let bytes = snapshot_bytes(&snap);
+                let _ = s.send_multipart([&b""[..], &seq.to_be_bytes(), &bytes], zmq::DONTWAIT);
+            }
+            next += slot;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
         seq += 1;
-        next += period;
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
 }
 
@@ -449,5 +479,9 @@ mod tests {
         assert_eq!(urls.len(), 5000);
         assert!(urls.iter().all(|u| u.starts_with("http://127.")));
         assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.5), 2.0);
+        for i in [0, 1, 249, 250, 4321] {
+            let host = worker_url(i, 80).trim_start_matches("http://").to_string();
+            assert_eq!(worker_index(&host), i);
+        }
     }
 }

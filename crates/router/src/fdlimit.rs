@@ -47,8 +47,8 @@ pub fn ensure(needed: u64) -> Result<u64, FdLimitError> {
         return Ok(soft);
     }
     let r = libc::rlimit {
-        rlim_cur: needed as libc::rlim_t,
-        rlim_max: hard.max(needed) as libc::rlim_t,
+        rlim_cur: needed,
+        rlim_max: hard.max(needed),
     };
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
         return Err(FdLimitError { needed, hard });
