@@ -1,5 +1,6 @@
-//! Hot paths of the router: a policy pick over the live LoadBook, and one load message from raw
-//! frames to an updated book entry.
+//! Hot paths of the router: a policy pick over the live LoadBook, one load message from raw
+//! frames to an updated book entry, and the ingest's drain of a real libzmq SUB (inproc, so the
+//! figure is the receive path without TCP): one message, and a backlog of 16 decoded once.
 
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
 use loadlink_router::fleet::FleetView;
@@ -83,5 +84,47 @@ fn ingest(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, picks, ingest);
+/// `drain_rank` on an inproc SUB holding `backlog` queued messages (refilled outside the timing).
+fn drain(c: &mut Criterion) {
+    use loadlink_router::ingest::drain::{Scratch, drain_rank};
+    use loadlink_router::ingest::stats::IngestStats;
+    let ctx = zmq::Context::new();
+    let p = ctx.socket(zmq::PUB).unwrap();
+    p.set_sndhwm(100_000).unwrap();
+    p.bind("inproc://drain-bench").unwrap();
+    let sub = loadlink_router::subscribe::open(&ctx, "inproc://drain-bench", b"").unwrap();
+    let payload = snapshot_bytes(&LoadSnapshot {
+        num_running_reqs: 5,
+        timestamp: Some(1.0),
+        ..Default::default()
+    });
+    let send = |seq: i64| {
+        let sf = seq_frame(seq);
+        p.send_multipart([&b""[..], &sf, &payload], 0).unwrap();
+    };
+    // Join: the subscription reaches the PUB when it next processes commands.
+    while !sub.get_events().unwrap().contains(zmq::POLLIN) {
+        send(0);
+    }
+    let w = Worker::new("http://w".into(), 1, None, Instant::now());
+    let (stats, mut scratch) = (IngestStats::default(), Scratch::default());
+    drain_rank(&sub, &w, 0, &mut scratch, &stats);
+    let mut seq = 1i64;
+    for backlog in [1usize, 16] {
+        c.bench_function(&format!("drain_inproc_backlog_{backlog}"), |b| {
+            b.iter_batched(
+                || {
+                    for _ in 0..backlog {
+                        seq += 1;
+                        send(seq);
+                    }
+                },
+                |()| drain_rank(&sub, &w, 0, &mut scratch, &stats),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+}
+
+criterion_group!(benches, picks, ingest, drain);
 criterion_main!(benches);
