@@ -14,10 +14,11 @@
 //! book lag (p50/p99 from the router's `loadlink_ingest_lag_seconds`), and proxied request latency
 //! while the stream runs.
 
+use crate::live::scrape::scrape;
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::descriptor::KvEventsDescriptor;
-use loadlink_wire::prom::{Scrape, parse};
+use loadlink_wire::prom::Scrape;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -306,18 +307,6 @@ fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-async fn scrape(c: &reqwest::Client, router: &str) -> Result<Scrape, String> {
-    let text = c
-        .get(format!("{router}/metrics"))
-        .send()
-        .await
-        .map_err(|e| format!("GET /metrics: {e}"))?
-        .text()
-        .await
-        .map_err(|e| format!("GET /metrics: {e}"))?;
-    parse(&text).map_err(|e| format!("/metrics: {e}"))
 }
 
 /// Σ of every sample of `name`.

@@ -15,7 +15,7 @@ use loadlink_publish::free_port_block;
 use loadlink_router::LoadSignal;
 use loadlink_router::Policy;
 use loadlink_router::policy::mix;
-mod scrape;
+pub(crate) mod scrape;
 
 use scrape::{fleet_cache_counters, metric};
 use std::path::PathBuf;

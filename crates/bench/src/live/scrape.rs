@@ -4,7 +4,7 @@
 use loadlink_wire::prom;
 
 /// A process's `/metrics`, read with the strict parser.
-pub(super) async fn scrape(c: &reqwest::Client, url: &str) -> Result<prom::Scrape, String> {
+pub(crate) async fn scrape(c: &reqwest::Client, url: &str) -> Result<prom::Scrape, String> {
     let text = c
         .get(format!("{url}/metrics"))
         .send()
