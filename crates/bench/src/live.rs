@@ -318,6 +318,21 @@ async fn decisions(
     (decisions as u64, fallback as u64)
 }
 
+/// Empties every engine's prefix cache (`POST /flush_cache`; the engines are idle by then).
+async fn flush_caches(client: &reqwest::Client, engines: &[String]) -> Result<(), String> {
+    for u in engines {
+        let r = client
+            .post(format!("{u}/flush_cache"))
+            .send()
+            .await
+            .map_err(|e| format!("{u}/flush_cache: {e}"))?;
+        if !r.status().is_success() {
+            return Err(format!("{u}/flush_cache: {}", r.status()));
+        }
+    }
+    Ok(())
+}
+
 /// Waits until no engine has anything running or waiting.
 async fn wait_drained(client: &reqwest::Client, engines: &[String]) -> Result<(), String> {
     for u in engines {
@@ -346,6 +361,9 @@ async fn run_variant(
         "{label}: starting {} routers",
         cfg.scenario.routers
     ));
+    // Every variant starts with cold caches: the same prompts were sent to these engines by the
+    // variant before, and what they left cached would count as this variant's hits.
+    flush_caches(client, engines).await?;
     let routers = start_routers(cfg, client, engines, variant).await?;
     let cache_before = fleet_cache_counters(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());

@@ -256,6 +256,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/get_server_info", get(server_info))
         .route("/model_info", get(model_info))
         .route("/get_load", get(get_load))
+        .route("/flush_cache", post(crate::routes::flush_cache))
         .route("/v1/loads", get(loads))
         .route("/metrics", get(crate::metrics::metrics))
         .fallback(|| async {

@@ -27,6 +27,8 @@ use tokio::sync::mpsc::UnboundedSender;
 pub enum Command {
     Submit(Submit, UnboundedSender<Event>),
     Abort(u64),
+    /// Drop every cached page no running request holds (SGLang's `/flush_cache`).
+    FlushCache,
     Stop,
 }
 
@@ -197,7 +199,7 @@ impl<S: LoadSource> RankLoop<S> {
 
     /// Takes in `commands`, then schedules the next step. `None`: stop (the sinks are closed).
     pub fn begin(&mut self, commands: impl IntoIterator<Item = Command>) -> Option<Step> {
-        let mut arrived = false;
+        let (mut arrived, mut flushed) = (false, false);
         {
             let mut sched = self.sched.lock().ok()?;
             for cmd in commands {
@@ -211,6 +213,10 @@ impl<S: LoadSource> RankLoop<S> {
                         sched.abort(id);
                         self.clients.remove(&id);
                     }
+                    Command::FlushCache => {
+                        sched.flush_cache();
+                        flushed = true;
+                    }
                     Command::Stop => {
                         drop(sched);
                         self.publisher.close();
@@ -222,6 +228,9 @@ impl<S: LoadSource> RankLoop<S> {
                 }
             }
         } // The source locks the scheduler itself.
+        if flushed {
+            self.cache_changes(); // announce the flush even if no step follows
+        }
         self.on(CycleEvent::Ingest { arrived });
         let now = (self.virtual_now)();
         let step = self.sched.lock().ok()?.step(now);

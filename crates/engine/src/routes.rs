@@ -168,6 +168,20 @@ pub(crate) async fn model_info(State(st): State<Arc<AppState>>) -> Response {
 /// (`num_reqs`, `num_tokens` = KV in use plus queued prompt tokens, as SGLang's scheduler counted
 /// them) sit beside the rank's `/v1/loads` core block (what SGLang 0.5.23's gRPC `get_load`
 /// returns).
+/// `POST /flush_cache`, as SGLang serves it: every rank drops the cached pages no running request
+/// holds (announced on the KV-event stream). Benchmarks call it so each run starts cold.
+pub(crate) async fn flush_cache(State(st): State<Arc<AppState>>) -> Response {
+    for r in &st.ranks {
+        if r.commands.send(Command::FlushCache).is_err() {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the engine is shutting down",
+            );
+        }
+    }
+    (StatusCode::OK, "Cache flushed.\n").into_response()
+}
+
 pub(crate) async fn get_load(State(st): State<Arc<AppState>>) -> Response {
     let loads: Vec<Value> = st
         .dispatcher

@@ -56,3 +56,33 @@ async fn a_repeated_prompt_hits_and_its_pages_are_announced_once() {
     assert_eq!(s.token_ids.len(), 64);
     e.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_cache_empties_the_cache_so_a_repeated_prompt_misses() {
+    let e = engine(|cfg| cfg.time_scale = 20.0).await;
+    let c = reqwest::Client::new();
+    let body = json!({"input_ids": (5000..5064).collect::<Vec<u32>>(), "max_tokens": 2});
+    complete_ok(&c, &e.url(), &body).await;
+    let flushed = c
+        .post(format!("{}/flush_cache", e.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(flushed.status(), 200);
+    // The flush is a rank command: wait until the cache is empty, then send the prompt again.
+    wait_until("the cache emptied", 10, || async {
+        let m = scrape(&c, &e.url()).await;
+        match m.value("loadlink_engine_cached_tokens", &[("rank", "0")]) {
+            Some(0.0) => Ok(()),
+            other => Err(format!("cached tokens {other:?}")),
+        }
+    })
+    .await;
+    complete_ok(&c, &e.url(), &body).await;
+    let m = scrape(&c, &e.url()).await;
+    assert_eq!(
+        m.value("loadlink_engine_cache_hit_tokens_total", &[("rank", "0")]),
+        Some(0.0)
+    );
+    e.stop().await;
+}

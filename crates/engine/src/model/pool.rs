@@ -87,6 +87,11 @@ impl Scheduler {
         }
     }
 
+    /// Drops every cached page no running request holds.
+    pub fn flush_cache(&mut self) {
+        self.cache.flush();
+    }
+
     /// Frees a running request's KV and puts it back at the front of the queue.
     pub(super) fn retract(&mut self, mut v: Req) {
         self.cache.unlock(std::mem::take(&mut v.lock));
