@@ -67,9 +67,14 @@ async fn a_hostile_publisher_is_dropped_by_reason_and_clamped_and_the_router_kee
             send(&[b"", &s[..7], &lie]); // 7-byte seq
             send(&[b"", &[0; 9], &lie]); // 9-byte seq
             send(&[b"", &[0xff; 8], &lie]); // seq -1: end marker
-            send(&[b"", &s, b"\xc1\xc1 not msgpack"]); // garbage
-            send(&[b"", &s, &u64_max]); // u64::MAX in an int field
-            send(&[b"", &s, &lie]); // well-formed, absurd values
+            // The ingest decodes only the newest message of each drain (every frame and seq is
+            // still checked), so a bad payload is seen when it is the last of its burst: each
+            // burst ends with one of the three payloads in turn.
+            match seq % 3 {
+                0 => send(&[b"", &s, b"\xc1\xc1 not msgpack"]), // garbage
+                1 => send(&[b"", &s, &u64_max]),                // u64::MAX in an int field
+                _ => send(&[b"", &s, &lie]),                    // well-formed, absurd values
+            }
             let _ = good.send_multipart([&b""[..], &s, &honest_load], zmq::DONTWAIT);
             std::thread::sleep(Duration::from_millis(20));
         }
