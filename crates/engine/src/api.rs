@@ -7,7 +7,7 @@
 //! generation prompt). The ids feed the prefix cache. The simulator has no EOS: it generates
 //! exactly `max_tokens` (so `ignore_eos` is accepted and changes nothing).
 
-use crate::tokenize::{render_chat, tokenize_into};
+use loadlink_wire::tokenize::{render_chat, tokenize_into};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 

@@ -13,7 +13,7 @@ pub mod radix;
 pub mod rank;
 mod reply;
 mod routes;
-pub mod tokenize;
+pub use loadlink_wire::tokenize;
 
 pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
 pub use http::{Engine, EngineConfig, EngineError};

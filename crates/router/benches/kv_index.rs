@@ -2,7 +2,7 @@
 //! 8k-token prompt (512 blocks of 16) against 64 workers.
 
 use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
-use loadlink_router::kv_index::KvIndex;
+use loadlink_router::cache::KvIndex;
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, page_hashes};
 
 const BLOCKS: usize = 512;

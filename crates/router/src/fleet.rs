@@ -308,6 +308,10 @@ pub struct FleetView<'a> {
     pub tried: u64,
     /// The request's `now` ([`Worker::now_ms`]), read once per pick.
     pub now_ms: u64,
+    /// The request's prompt tokens (0: unknown).
+    pub prompt_tokens: u64,
+    /// Per worker (same order as `workers`), the request's tokens cached there; empty: unknown.
+    pub cached: &'a [u64],
 }
 
 impl<'a> FleetView<'a> {
@@ -319,7 +323,16 @@ impl<'a> FleetView<'a> {
             freshness_ms,
             tried: 0,
             now_ms,
+            prompt_tokens: 0,
+            cached: &[],
         }
+    }
+
+    /// The view for a request of `prompt_tokens` whose cached prefix on worker i is `cached[i]`.
+    pub fn with_prefix(mut self, prompt_tokens: u64, cached: &'a [u64]) -> Self {
+        self.prompt_tokens = prompt_tokens;
+        self.cached = cached;
+        self
     }
 
     /// Leaves worker `i` out of the next picks of this request (it was tried and failed).
@@ -343,5 +356,12 @@ impl View for FleetView<'_> {
     #[inline]
     fn available(&self, i: usize) -> bool {
         (i >= 64 || self.tried & (1 << i) == 0) && self.workers[i].available_at(self.now_ms)
+    }
+    fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
+    }
+    #[inline]
+    fn cached_tokens(&self, i: usize) -> u64 {
+        self.cached.get(i).copied().unwrap_or(0)
     }
 }

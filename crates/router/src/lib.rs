@@ -9,12 +9,12 @@
 
 pub mod admin;
 pub mod book;
+pub mod cache;
 pub mod config;
 pub mod dashboard;
 pub mod fdlimit;
 pub mod fleet;
 pub mod ingest;
-pub mod kv_index;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

@@ -13,6 +13,15 @@ pub trait View {
     fn load(&self, i: usize) -> i64;
     /// Whether worker `i` may take traffic now (healthy, breaker closed, not excluded).
     fn available(&self, i: usize) -> bool;
+    /// Prompt tokens of the request being placed (0 when the router does not know them).
+    fn prompt_tokens(&self) -> u64 {
+        0
+    }
+    /// Tokens of this request's prompt believed cached on worker `i` (from the KV index, or the
+    /// approximate tree for workers without KV events); 0 when unknown.
+    fn cached_tokens(&self, _i: usize) -> u64 {
+        0
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

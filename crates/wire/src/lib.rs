@@ -11,7 +11,8 @@
 //! * [`discovery`] — worker URL + `/server_info` body → load endpoints, or why there are none;
 //! * [`shm`] — the SLNS v2 slot-file layout;
 //! * [`loads`] — `/v1/loads` JSON and Prometheus rendering;
-//! * [`prom`] — the one Prometheus text writer and its strict parser.
+//! * [`prom`] — the one Prometheus text writer and its strict parser;
+//! * [`tokenize`] — the simulated engine's tokenizer and chat template, which a router must share.
 
 pub mod codec;
 pub mod descriptor;
@@ -27,6 +28,7 @@ pub mod prom;
 mod sections;
 pub mod shm;
 pub mod snapshot;
+pub mod tokenize;
 
 pub use codec::{
     Payload, decode_payload, decode_snapshot, decode_stat, encode_snapshot, encode_stat,

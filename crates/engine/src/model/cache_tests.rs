@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::radix::PageChain;
-use crate::tokenize::OUTPUT_TOKEN;
 use loadlink_wire::kv_events::{BlockRemoved, KvEvent};
+use loadlink_wire::tokenize::OUTPUT_TOKEN;
 
 fn cfg(page: usize, total: u64) -> ModelConfig {
     ModelConfig {

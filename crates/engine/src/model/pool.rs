@@ -9,7 +9,7 @@
 
 use super::{HIT_RATE_WINDOW_S, Req, Scheduler};
 use crate::radix::PathLock;
-use crate::tokenize::OUTPUT_TOKEN;
+use loadlink_wire::tokenize::OUTPUT_TOKEN;
 
 impl Scheduler {
     /// Own KV of the admitted requests (running and chunked).

@@ -1,5 +1,7 @@
 //! The simulated engine's tokenizer and chat template: deterministic, so a prefix cache (the
-//! engine's, and a router's model of it) sees the reuse real traffic has.
+//! engine's, and a router's model of it) sees the reuse real traffic has. It lives in the wire
+//! crate because the router must tokenize exactly as the engine does to know which cached blocks
+//! a request reuses.
 //!
 //! * **Text.** Every 4 characters are one token (the usual rule of thumb for English BPE); the id
 //!   is a hash of those characters. A prefix of a text therefore tokenizes to a prefix of the

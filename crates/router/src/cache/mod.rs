@@ -1,0 +1,10 @@
+//! The router's belief about engines' prefix caches, and the one place policies get it from.
+//!
+//! * [`index`]: the precise view, a block index fed by each worker's KV-event stream.
+//!
+//! Policies never touch an index: the request path asks for this request's cached prefix on every
+//! worker and hands those numbers to the policy through its [`crate::policy::View`].
+
+pub mod index;
+
+pub use index::{KvIndex, Slot, SlotStats};
