@@ -1,13 +1,14 @@
 //! Request bodies of the OpenAI-compatible and SGLang-native routes, parsed by hand so every
 //! error names the field and the expected form (a 400 a client can act on).
 //!
-//! Prompts become token ids: `input_ids` (or a token-id `prompt`) are taken as given; text goes
+//! Prompts are read by `loadlink_wire::prompt` (shared with the router) and become token ids:
+//! `input_ids` (or a token-id `prompt`) are taken as given; text goes
 //! through the engine's deterministic tokenizer and chat through its template
 //! ([`crate::tokenize`]: one token per 4 characters, 3 template tokens per message plus 2 for the
 //! generation prompt). The ids feed the prefix cache. The simulator has no EOS: it generates
 //! exactly `max_tokens` (so `ignore_eos` is accepted and changes nothing).
 
-use loadlink_wire::tokenize::{render_chat, tokenize_into};
+use loadlink_wire::prompt::{Prompt, PromptRoute, SimTokenizer, json_object, prompt_of};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -37,22 +38,13 @@ pub struct GenRequest {
 /// Upper bound on `max_tokens` (a simulator guard against absurd values).
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 
-fn text_ids(parts: &[&str]) -> Vec<u32> {
-    let mut out = Vec::new();
-    parts.iter().for_each(|p| tokenize_into(p, &mut out));
-    out
+/// The prompt's ids under the engine's own tokenizer (`loadlink_wire::prompt` reads the shapes).
+fn prompt_ids(route: PromptRoute, m: &Map<String, Value>) -> Result<Vec<u32>, String> {
+    prompt_of(route, m).map(|p: Prompt<'_>| p.token_ids(&SimTokenizer))
 }
 
 fn count(ids: &[u32]) -> u64 {
     (ids.len() as u64).max(1)
-}
-
-fn obj(body: &[u8]) -> Result<Map<String, Value>, String> {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err("body: expected a JSON object".into()),
-        Err(e) => Err(format!("body: not valid JSON ({e})")),
-    }
 }
 
 fn uint(m: &Map<String, Value>, key: &str, default: u64) -> Result<u64, String> {
@@ -76,16 +68,6 @@ fn boolean(m: &Map<String, Value>, key: &str) -> Result<bool, String> {
     }
 }
 
-fn token_ids(key: &str, v: &Value) -> Result<Vec<u32>, String> {
-    let a = v
-        .as_array()
-        .ok_or_else(|| format!("{key}: expected a list of token ids"))?;
-    a.iter()
-        .map(|x| x.as_u64().and_then(|t| u32::try_from(t).ok()))
-        .collect::<Option<Vec<u32>>>()
-        .ok_or_else(|| format!("{key}: expected a list of integer token ids from 0 to 4294967295"))
-}
-
 fn model(m: &Map<String, Value>) -> Result<Option<String>, String> {
     match m.get("model") {
         None | Some(Value::Null) => Ok(None),
@@ -103,25 +85,9 @@ fn include_usage(m: &Map<String, Value>) -> bool {
 
 /// `/v1/completions`: `prompt` (string, list of strings, or token ids) or `input_ids`.
 pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
-    let m = obj(body)?;
+    let m = json_object(body)?;
     boolean(&m, "ignore_eos")?;
-    let ids = if let Some(ids) = m.get("input_ids") {
-        token_ids("input_ids", ids)?
-    } else {
-        match m.get("prompt") {
-            None | Some(Value::Null) => {
-                return Err(
-                    "prompt: required (a string, a list of strings, or a list of token ids)".into(),
-                );
-            }
-            Some(Value::String(s)) => text_ids(&[s]),
-            Some(Value::Array(a)) if a.iter().all(Value::is_string) && !a.is_empty() => {
-                text_ids(&a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
-            }
-            Some(v @ Value::Array(_)) => token_ids("prompt", v)?,
-            Some(v) => return Err(format!("prompt: expected a string or a list, got {v}")),
-        }
-    };
+    let ids = prompt_ids(PromptRoute::Completions, &m)?;
     Ok(GenRequest {
         route: Route::Completions,
         model: model(&m)?,
@@ -135,42 +101,9 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
 
 /// `/v1/chat/completions`: a non-empty `messages` list of `{role, content}`.
 pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
-    let m = obj(body)?;
+    let m = json_object(body)?;
     boolean(&m, "ignore_eos")?;
-    let msgs = match m.get("messages") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => return Err("messages: must not be empty".into()),
-        None | Some(Value::Null) => {
-            return Err("messages: required (a list of {role, content} objects)".into());
-        }
-        Some(v) => return Err(format!("messages: expected a list, got {v}")),
-    };
-    let mut rendered: Vec<(&str, String)> = Vec::with_capacity(msgs.len());
-    for (i, msg) in msgs.iter().enumerate() {
-        let Some(o) = msg.as_object() else {
-            return Err(format!(
-                "messages[{i}]: expected an object with role and content"
-            ));
-        };
-        let Some(role) = o.get("role").and_then(Value::as_str) else {
-            return Err(format!("messages[{i}].role: required string"));
-        };
-        let content = match o.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect(),
-            None | Some(Value::Null) => String::new(),
-            Some(v) => {
-                return Err(format!(
-                    "messages[{i}].content: expected a string or a list of parts, got {v}"
-                ));
-            }
-        };
-        rendered.push((role, content));
-    }
-    let ids = render_chat(rendered.iter().map(|(r, c)| (*r, c.as_str())));
+    let ids = prompt_ids(PromptRoute::Chat, &m)?;
     let max_tokens = match m.get("max_completion_tokens") {
         Some(v) if !v.is_null() => uint(&m, "max_completion_tokens", 128)?,
         _ => uint(&m, "max_tokens", 128)?,
@@ -188,13 +121,8 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
 
 /// `/generate` (SGLang native): `text` or `input_ids`, `sampling_params.max_new_tokens`.
 pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
-    let m = obj(body)?;
-    let ids = match (m.get("input_ids"), m.get("text")) {
-        (Some(ids), _) if !ids.is_null() => token_ids("input_ids", ids)?,
-        (_, Some(Value::String(s))) => text_ids(&[s]),
-        (_, Some(v)) if !v.is_null() => return Err(format!("text: expected a string, got {v}")),
-        _ => return Err("text or input_ids: one is required".into()),
-    };
+    let m = json_object(body)?;
+    let ids = prompt_ids(PromptRoute::Generate, &m)?;
     let max_tokens = match m.get("sampling_params") {
         None | Some(Value::Null) => 128,
         Some(Value::Object(sp)) => {

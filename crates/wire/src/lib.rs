@@ -12,7 +12,8 @@
 //! * [`shm`] — the SLNS v2 slot-file layout;
 //! * [`loads`] — `/v1/loads` JSON and Prometheus rendering;
 //! * [`prom`] — the one Prometheus text writer and its strict parser;
-//! * [`tokenize`] — the simulated engine's tokenizer and chat template, which a router must share.
+//! * [`tokenize`], [`prompt`] — the simulated engine's tokenizer and chat template, and the
+//!   reading of a request's prompt, which a cache-aware router must share with the engine.
 
 pub mod codec;
 pub mod descriptor;
@@ -25,6 +26,7 @@ pub mod loads;
 mod msgpack;
 pub mod ports;
 pub mod prom;
+pub mod prompt;
 mod sections;
 pub mod shm;
 pub mod snapshot;
