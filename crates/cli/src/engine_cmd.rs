@@ -1,5 +1,5 @@
 //! `loadlink engine`: flags (SGLang's names where they exist) → `EngineConfig`, then serve until
-//! Ctrl-C or `--duration`.
+//! SIGINT/SIGTERM (a bounded drain) or `--duration`.
 
 use anyhow::Result;
 use clap::Args;
@@ -74,9 +74,14 @@ pub struct EngineArgs {
     /// Model name served in /v1/models and responses.
     #[arg(long, default_value = "loadlink-sim")]
     model_name: String,
-    /// Stop after this many seconds (0: until Ctrl-C).
+    /// Stop after this many seconds (0: until SIGINT or SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     duration: f64,
+    /// On SIGTERM or SIGINT, stop accepting connections and let open requests (streams included)
+    /// finish for at most this many seconds, then exit. Set the orchestrator's grace period
+    /// (Kubernetes `terminationGracePeriodSeconds`) above it.
+    #[arg(long, default_value_t = 30.0, env = "LOADLINK_DRAIN_TIMEOUT")]
+    drain_timeout: f64,
 }
 
 pub fn run(a: EngineArgs) -> Result<()> {
@@ -120,7 +125,8 @@ pub fn run(a: EngineArgs) -> Result<()> {
         let engine = Engine::start(cfg).await?;
         println!("loadlink engine serving on {}", engine.url());
         crate::until_stopped(a.duration).await;
-        engine.stop().await;
+        let drain = std::time::Duration::from_secs_f64(a.drain_timeout.max(0.0));
+        crate::drain_within(a.drain_timeout, "engine", engine.stop_within(drain)).await;
         Ok(())
     })
 }

@@ -66,7 +66,9 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Returns after `duration` seconds (0: never) or on Ctrl-C, whichever comes first.
+/// Returns after `duration` seconds (0: never), or on SIGINT (Ctrl-C) or SIGTERM (what
+/// Kubernetes, systemd and `docker stop` send), whichever comes first. Both signals mean the same:
+/// the caller drains and exits.
 pub(crate) async fn until_stopped(duration: f64) {
     let timer = async {
         if duration > 0.0 {
@@ -75,9 +77,33 @@ pub(crate) async fn until_stopped(duration: f64) {
             std::future::pending::<()>().await;
         }
     };
+    let sigterm = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops gracefully");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
     tokio::select! {
         _ = timer => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+        _ = sigterm => tracing::info!("SIGTERM: draining"),
+    }
+}
+
+/// Runs `stop` (a graceful drain) for at most `timeout_s` seconds; past it, says what was cut and
+/// returns so the process exits.
+pub(crate) async fn drain_within(timeout_s: f64, what: &str, stop: impl std::future::Future) {
+    let limit = std::time::Duration::from_secs_f64(timeout_s.max(0.0));
+    if tokio::time::timeout(limit, stop).await.is_err() {
+        tracing::warn!(
+            "{what}: open requests still running after --drain-timeout {timeout_s} s; exiting anyway"
+        );
     }
 }
 

@@ -62,9 +62,14 @@ pub struct RouteArgs {
     /// port, freshness_ms, max_retries, admin_token); its values override the flags.
     #[arg(long)]
     config: Option<std::path::PathBuf>,
-    /// Stop after this many seconds (0: until Ctrl-C).
+    /// Stop after this many seconds (0: until SIGINT or SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     duration: f64,
+    /// On SIGTERM or SIGINT, stop accepting connections and let open requests (streams included)
+    /// finish for at most this many seconds, then exit. Set the orchestrator's grace period
+    /// (Kubernetes `terminationGracePeriodSeconds`) above it.
+    #[arg(long, default_value_t = 30.0, env = "LOADLINK_DRAIN_TIMEOUT")]
+    drain_timeout: f64,
 }
 
 fn parse_signal(s: &str) -> Result<LoadSignal, String> {
@@ -151,7 +156,7 @@ pub fn run(a: RouteArgs) -> Result<()> {
         let r = loadlink_router::start(cfg).await?;
         println!("loadlink router serving on {}", r.url());
         crate::until_stopped(a.duration).await;
-        r.stop().await;
+        crate::drain_within(a.drain_timeout, "router", r.stop()).await;
         Ok(())
     })
 }

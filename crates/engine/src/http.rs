@@ -173,17 +173,31 @@ impl Engine {
         self.state.open_requests.load(Ordering::Relaxed)
     }
 
-    /// Stops serving, stops the ranks and removes the slot file.
-    pub async fn stop(mut self) {
+    /// Stops serving (open responses get up to 5 s), stops the ranks and removes the slot file.
+    pub async fn stop(self) {
+        self.stop_within(std::time::Duration::from_secs(5)).await;
+    }
+
+    /// Stops accepting, lets open responses (streams included) finish for up to `drain`, stops
+    /// the ranks and removes the slot file.
+    pub async fn stop_within(mut self, drain: std::time::Duration) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
         if let Some(s) = self.server.take() {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s).await;
+            let _ = tokio::time::timeout(drain, s).await;
         }
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || state.ranks.iter().for_each(RankHandle::stop))
             .await;
+        let _ = std::fs::remove_file(&self.state.shm_path);
+    }
+}
+
+impl Drop for Engine {
+    /// The slot file goes on every exit path the engine controls: a stop, a drain cut short
+    /// (its future dropped), or an engine dropped without a stop.
+    fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.state.shm_path);
     }
 }

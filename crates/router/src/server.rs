@@ -8,6 +8,7 @@ use crate::state::{AppState, error_response};
 use crate::{admin, dashboard, metrics, proxy};
 use axum::Router;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -125,6 +126,19 @@ async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterErro
     Ok(())
 }
 
+/// `GET /readiness`: 200 while the router takes traffic and has a worker that may take it; 503
+/// once it drains (SIGTERM) or when no worker is available, so a load balancer stops sending.
+async fn readiness(axum::extract::State(st): axum::extract::State<Arc<AppState>>) -> Response {
+    if st.stopping.load(Relaxed) {
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "draining: shutting down");
+    }
+    let workers = st.fleet.workers();
+    if !workers.iter().any(|w| w.available()) {
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "no worker is available");
+    }
+    axum::Json(serde_json::json!({ "status": "ready", "workers": workers.len() })).into_response()
+}
+
 /// Serves `app` until `stop` fires, then drains open responses.
 async fn serve(
     listener: tokio::net::TcpListener,
@@ -194,6 +208,7 @@ async fn check_health(st: &AppState, w: &Arc<crate::book::Worker>) {
 fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/readiness", get(readiness))
         .route("/metrics", get(metrics::page))
         .route(
             "/workers",
@@ -207,7 +222,7 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", any(proxy::proxied))
         .route("/generate", any(proxy::proxied))
         .route("/v1/models", any(proxy::proxied))
-        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such route; the router serves /v1/chat/completions, /v1/completions, /generate, /v1/models, /workers, /metrics, /health") })
+        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such route; the router serves /v1/chat/completions, /v1/completions, /generate, /v1/models, /workers, /metrics, /health, /readiness") })
         .with_state(state)
 }
 
