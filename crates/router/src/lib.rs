@@ -16,6 +16,7 @@ pub mod fdlimit;
 pub mod fleet;
 pub mod ingest;
 pub mod metrics;
+pub mod models;
 pub mod policy;
 pub mod proxy;
 pub mod server;

@@ -221,8 +221,14 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", any(proxy::proxied))
         .route("/v1/completions", any(proxy::proxied))
         .route("/generate", any(proxy::proxied))
-        .route("/v1/models", any(proxy::proxied))
-        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such route; the router serves /v1/chat/completions, /v1/completions, /generate, /v1/models, /workers, /metrics, /health, /readiness") })
+        .route("/v1/models", get(crate::models::union))
+        .route("/v1/embeddings", any(proxy::proxied))
+        .route("/v1/rerank", any(proxy::proxied))
+        .route("/v1/responses", any(proxy::proxied))
+        .route("/health_generate", any(proxy::proxied))
+        .route("/get_server_info", any(proxy::proxied))
+        .route("/get_model_info", any(proxy::proxied))
+        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such route; the router serves /v1/chat/completions, /v1/completions, /generate, /v1/embeddings, /v1/rerank, /v1/responses, /v1/models, /health_generate, /get_server_info, /get_model_info, /workers, /metrics, /health, /readiness") })
         .with_state(state)
 }
 
