@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use loadlink_router::membership::{DnsTarget, MembershipConfig};
 use loadlink_router::{LoadSignal, Policy, RouterConfig};
 use serde_json::Value;
 
@@ -10,6 +11,23 @@ pub struct RouteArgs {
     /// Worker base URLs (http://HOST:PORT), space- or comma-separated.
     #[arg(long, num_args = 1.., value_delimiter = ',')]
     worker_urls: Vec<String>,
+    /// A file of worker URLs, one per line (`#` comments), re-read when it changes (checked every
+    /// second): workers it adds are discovered and subscribed, workers it drops finish their open
+    /// requests and leave. Combines with --worker-urls and --worker-dns.
+    #[arg(long)]
+    worker_urls_file: Option<std::path::PathBuf>,
+    /// Workers from DNS, re-resolved every --worker-dns-interval-ms: NAME:PORT takes every A/AAAA
+    /// record of NAME (a Kubernetes headless Service: engines.NAMESPACE.svc.cluster.local:30000);
+    /// srv:NAME takes SRV records (host and port from each). Repeatable. A failed lookup keeps the
+    /// current workers.
+    #[arg(long)]
+    worker_dns: Vec<String>,
+    /// How often --worker-dns names are re-resolved (ms).
+    #[arg(long, default_value_t = 5000)]
+    worker_dns_interval_ms: u64,
+    /// The DNS server to ask (IP:PORT); default: the system's resolver configuration.
+    #[arg(long)]
+    dns_server: Option<std::net::SocketAddr>,
     /// round_robin | random | power_of_two | least_load.
     #[arg(long, default_value = "power_of_two", value_parser = Policy::parse)]
     policy: Policy,
@@ -141,6 +159,17 @@ pub fn run(a: RouteArgs) -> Result<()> {
         ingest_threads: a.ingest_threads.max(1),
         discovery_concurrency: a.discovery_concurrency.max(1),
         admin_token: a.admin_token,
+        membership: MembershipConfig {
+            urls_file: a.worker_urls_file,
+            dns: a
+                .worker_dns
+                .iter()
+                .map(|d| DnsTarget::parse(d))
+                .collect::<Result<_, _>>()
+                .map_err(anyhow::Error::msg)?,
+            dns_server: a.dns_server,
+            dns_interval_ms: a.worker_dns_interval_ms.max(100),
+        },
         ..RouterConfig::default()
     };
     if let Some(p) = &a.config {

@@ -3,6 +3,7 @@
 
 use crate::book::LoadSignal;
 use crate::fleet::validate_url;
+use crate::membership::MembershipConfig;
 use crate::policy::Policy;
 
 /// Everything `loadlink route` is configured with.
@@ -31,6 +32,8 @@ pub struct RouterConfig {
     /// Threads that receive every load subscription (`--ingest-threads`).
     pub ingest_threads: usize,
     pub admin_token: Option<String>,
+    /// Workers from a watched file and DNS, besides `worker_urls`.
+    pub membership: MembershipConfig,
 }
 
 impl Default for RouterConfig {
@@ -55,6 +58,10 @@ impl Default for RouterConfig {
             discovery_concurrency: 32,
             ingest_threads: 1,
             admin_token: None,
+            membership: MembershipConfig {
+                dns_interval_ms: 5000,
+                ..Default::default()
+            },
         }
     }
 }

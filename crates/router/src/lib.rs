@@ -15,6 +15,7 @@ pub mod dashboard;
 pub mod fdlimit;
 pub mod fleet;
 pub mod ingest;
+pub mod membership;
 pub mod metrics;
 pub mod models;
 pub mod policy;

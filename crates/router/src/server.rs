@@ -22,6 +22,8 @@ pub struct RouterHandle {
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
     health: tokio::task::JoinHandle<()>,
+    /// The watched-file and DNS membership tasks.
+    membership: Vec<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +54,7 @@ impl RouterHandle {
             let _ = s.await;
         }
         self.health.abort();
+        self.membership.iter().for_each(|t| t.abort());
         let st = self.state.clone();
         // Unsubscribing waits for the ingest thread to close the sockets: not on the executor.
         let _ = tokio::task::spawn_blocking(move || {
@@ -74,6 +77,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, app(state.clone()), rx));
     let health = tokio::spawn(health_loop(state.clone()));
+    let membership = crate::membership::spawn(&state);
     tracing::info!(
         "router on http://{local} ({} workers, policy {}, signal {:?})",
         urls.len(),
@@ -86,6 +90,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
         shutdown: Some(tx),
         server: Some(server),
         health,
+        membership,
     })
 }
 

@@ -19,6 +19,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Set at shutdown so endless streams (the dashboard feed) end and the drain can finish.
     pub stopping: AtomicBool,
+    /// Counters of the watched file and DNS sources.
+    pub membership: crate::membership::MembershipStats,
 }
 
 impl AppState {
@@ -30,6 +32,7 @@ impl AppState {
             seq: AtomicU64::new(0),
             metrics: Metrics::default(),
             stopping: AtomicBool::new(false),
+            membership: Default::default(),
         }
     }
 }
