@@ -1,10 +1,15 @@
 //! The router's belief about engines' prefix caches, and the one place policies get it from.
 //!
 //! * [`index`]: the precise view, a block index fed by each worker's KV-event stream.
+//! * [`stream`]: [`CacheBook`], the index shared between the ingest threads (writers) and the
+//!   request path (readers), with the (worker, rank) → slot map and the per-stream counters.
 //!
 //! Policies never touch an index: the request path asks for this request's cached prefix on every
 //! worker and hands those numbers to the policy through its [`crate::policy::View`].
 
 pub mod index;
+mod report;
+pub mod stream;
 
 pub use index::{KvIndex, Slot, SlotStats};
+pub use stream::{CacheBook, DEFAULT_MAX_BLOCKS, ResyncReason, StreamStats};
