@@ -238,10 +238,14 @@ impl CacheBook {
         self.write().no_stream.insert(url.to_string(), reason);
     }
 
+    /// Forgets why `url` had no stream (the worker left the fleet).
+    pub fn forget(&self, url: &str) {
+        self.write().no_stream.remove(url);
+    }
+
     /// Forgets `worker`: clears its slots and frees their ids. Call after its sockets are closed.
     pub fn unregister(&self, worker: &Arc<Worker>) {
         let mut g = self.write();
-        g.no_stream.remove(&worker.url);
         if let Some(e) = g.workers.remove(&key(worker)) {
             for (slot, _) in e.ranks {
                 g.index.clear_slot(slot);

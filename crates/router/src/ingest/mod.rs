@@ -12,15 +12,21 @@
 //! non-empty), so its rank would stay stale for good; the sweep bounds that to a second and counts
 //! what it finds in `loadlink_ingest_rescued_total` (0 when every edge is seen). It touches only
 //! quiet sockets, so its cost is O(silent ranks) per second.
+//!
+//! KV-event streams ([`kv`]) live on the same threads and in the same epoll sets, beside their
+//! worker's load sockets: one more SUB per rank, and a replay DEALER only while a replay runs.
 
 pub mod drain;
 mod epoll;
+pub mod kv;
+mod kv_seq;
 pub mod stats;
 
 use crate::book::Worker;
 use crate::zctx::FleetContext;
 use drain::{Scratch, drain_rank};
 use epoll::{Doorbell, Epoll};
+use kv::{KV_TAG, KvStreams, KvSubscription, REPLAY_TAG};
 use stats::IngestStats;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +49,7 @@ enum Command {
         id: u64,
         worker: Arc<Worker>,
         sockets: Vec<(usize, zmq::Socket)>,
+        kv: Option<KvSubscription>,
     },
     Remove {
         id: u64,
@@ -94,8 +101,14 @@ impl Ingest {
         &self.stats
     }
 
-    /// Hands `sockets` (rank, connected SUB) of `worker` to an ingest thread.
-    pub fn add(&self, worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>) -> SubscriptionId {
+    /// Hands `sockets` (rank, connected SUB) of `worker`, and its KV-event streams if any, to an
+    /// ingest thread.
+    pub fn add(
+        &self,
+        worker: Arc<Worker>,
+        sockets: Vec<(usize, zmq::Socket)>,
+        kv: Option<KvSubscription>,
+    ) -> SubscriptionId {
         let id = self.next_id.fetch_add(1, Relaxed);
         let thread = (id % self.threads.len() as u64) as usize;
         self.send(
@@ -104,6 +117,7 @@ impl Ingest {
                 id,
                 worker,
                 sockets,
+                kv,
             },
         );
         SubscriptionId { thread, id }
@@ -159,9 +173,10 @@ struct Loop {
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     by_id: HashMap<u64, Vec<usize>>,
+    kv: KvStreams,
     scratch: Scratch,
     stats: Arc<IngestStats>,
-    _ctx: Arc<FleetContext>,
+    ctx: Arc<FleetContext>,
 }
 
 impl Loop {
@@ -180,9 +195,10 @@ impl Loop {
             slots: Vec::new(),
             free: Vec::new(),
             by_id: HashMap::new(),
+            kv: KvStreams::default(),
             scratch: Scratch::default(),
             stats,
-            _ctx: ctx,
+            ctx,
         })
     }
 
@@ -204,6 +220,8 @@ impl Loop {
                     if !self.commands() {
                         return;
                     }
+                } else if token & (KV_TAG | REPLAY_TAG) != 0 {
+                    self.kv.ready(&self.epoll, &self.ctx, token);
                 } else {
                     self.drain(token as usize);
                 }
@@ -232,6 +250,7 @@ impl Loop {
                 self.stats.rescued.fetch_add(1, Relaxed);
             }
         }
+        self.kv.sweep(&self.epoll, &self.ctx, SWEEP);
     }
 
     /// Applies queued commands; false on `Stop`.
@@ -242,7 +261,13 @@ impl Loop {
                     id,
                     worker,
                     sockets,
-                } => self.add(id, worker, sockets),
+                    kv,
+                } => {
+                    self.add(id, worker, sockets);
+                    if let Some(kv) = kv {
+                        self.kv.add(&self.epoll, &self.ctx, id, kv);
+                    }
+                }
                 Command::Remove { id, done } => {
                     self.remove(id);
                     let _ = done.try_send(());
@@ -287,6 +312,7 @@ impl Loop {
     }
 
     fn remove(&mut self, id: u64) {
+        self.kv.remove(&self.epoll, id);
         for i in self.by_id.remove(&id).unwrap_or_default() {
             if let Some(s) = self.slots[i].take() {
                 debug_assert_eq!(s.id, id);

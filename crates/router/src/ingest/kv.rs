@@ -1,0 +1,467 @@
+//! KV-event streams on the ingest threads: one SUB per (worker, rank) in the same epoll set as
+//! the load sockets, every batch decoded and applied to the [`CacheBook`] in seq order.
+//!
+//! Gaps and restarts follow [`Sequencer`]'s rules. A replay is a DEALER to the engine's replay
+//! ROUTER (SGLang's protocol: send `[b"", start seq]`, receive `[b"", topic, seq, payload]` per
+//! buffered batch, then `[b"", b"", -1, b""]`). It is made when needed and closed when the replay
+//! ends, so a stream costs one socket at rest. It is registered in the same epoll set, so nothing
+//! blocks: a replay that does not answer within [`REPLAY_TIMEOUT`] (checked by the once-a-second
+//! sweep) fails, the slot is cleared and marked incomplete, and replays from that stream pause for
+//! [`REPLAY_BACKOFF`].
+//!
+//! Why a replay first on subscription: PUB/SUB delivers only what is published after the
+//! connection is up, and an engine may have filled its cache long before; the replay from seq 0
+//! brings the index up to the engine's state (as far as its buffer reaches, else the slot is
+//! marked incomplete).
+
+use super::epoll::Epoll;
+use super::kv_seq::{Live, Replayed, Sequencer};
+use crate::book::Worker;
+use crate::cache::{CacheBook, ResyncReason, Slot, StreamStats};
+use crate::subscribe::{
+    CONNECT_TIMEOUT_MS, MAX_MSG_BYTES, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS,
+};
+use crate::zctx::FleetContext;
+use loadlink_wire::discovery::KvStreams as Discovered;
+use loadlink_wire::frame::split_frames;
+use loadlink_wire::kv_events::decode_kv_batch;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hasher};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// Epoll tokens of KV SUB sockets: this bit | stream index.
+pub const KV_TAG: u64 = 1 << 62;
+/// Epoll tokens of replay DEALERs: this bit | stream index.
+pub const REPLAY_TAG: u64 = 1 << 61;
+/// A replay must end within this.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+/// After a failed replay, gaps on that stream resync without one for this long.
+pub const REPLAY_BACKOFF: Duration = Duration::from_secs(5);
+/// Replays in a row that bring nothing new before gaps are resynced without one.
+const FRUITLESS_LIMIT: u32 = 3;
+/// Live batches kept while a replay runs; past this they are dropped (and replayed later).
+const MAX_HELD: usize = 10_000;
+
+/// Batches libzmq queues per KV stream before it sheds (SGLang's publisher HWM): unlike load,
+/// every batch matters; a shed one is a gap, recovered by replay.
+pub const KV_RCVHWM: i32 = 100_000;
+
+/// A SUB for a KV-event stream: the load sockets' bounds (see [`crate::subscribe::configure`])
+/// with a deep queue.
+pub fn open_kv_sub(ctx: &FleetContext, endpoint: &str, topic: &[u8]) -> zmq::Result<zmq::Socket> {
+    let s = ctx.sub_socket()?;
+    s.set_ipv6(endpoint.contains('['))?;
+    s.set_maxmsgsize(MAX_MSG_BYTES)?;
+    s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
+    s.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
+    s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
+    s.set_tcp_keepalive(1)?;
+    s.set_tcp_keepalive_idle(30)?;
+    s.set_rcvhwm(KV_RCVHWM)?;
+    s.set_linger(0)?;
+    s.set_subscribe(topic)?;
+    s.connect(endpoint)?;
+    Ok(s)
+}
+
+/// Registers `worker`'s streams in `book` and opens their SUBs; on failure nothing stays
+/// registered and the error names the socket.
+pub fn subscribe(
+    book: &Arc<CacheBook>,
+    ctx: &FleetContext,
+    worker: &Arc<Worker>,
+    streams: &Discovered,
+) -> Result<KvSubscription, String> {
+    let ranks = u32::try_from(streams.endpoints.len()).unwrap_or(u32::MAX);
+    let slots = book.register(worker, streams.block_size, ranks);
+    let mut out = Vec::with_capacity(slots.len());
+    for (ep, (slot, stats)) in streams.endpoints.iter().zip(slots) {
+        match open_kv_sub(ctx, &ep.endpoint, streams.topic.as_bytes()) {
+            Ok(sub) => out.push(KvSocket {
+                rank: ep.rank,
+                slot,
+                sub,
+                replay_endpoint: ep.replay_endpoint.clone(),
+                stats,
+            }),
+            Err(e) => {
+                book.unregister(worker);
+                return Err(format!(
+                    "cannot subscribe to rank {}'s KV-event socket {}: {e}",
+                    ep.rank, ep.endpoint
+                ));
+            }
+        }
+    }
+    Ok(KvSubscription {
+        book: book.clone(),
+        streams: out,
+    })
+}
+
+/// One rank's KV stream, handed to an ingest thread.
+pub struct KvSocket {
+    pub rank: u32,
+    pub slot: Slot,
+    /// Connected and subscribed.
+    pub sub: zmq::Socket,
+    pub replay_endpoint: Option<String>,
+    pub stats: Arc<StreamStats>,
+}
+
+/// A worker's KV streams and the book they feed.
+pub struct KvSubscription {
+    pub book: Arc<CacheBook>,
+    pub streams: Vec<KvSocket>,
+}
+
+struct ReplaySocket {
+    dealer: zmq::Socket,
+    fd: RawFd,
+    deadline: Instant,
+    /// No replayed batch seen yet.
+    first: bool,
+    /// It did not cover what was missing.
+    failed: bool,
+}
+
+struct Stream {
+    id: u64,
+    book: Arc<CacheBook>,
+    k: KvSocket,
+    fd: RawFd,
+    seq: Sequencer,
+    replay: Option<ReplaySocket>,
+    held: VecDeque<(i64, Vec<u8>)>,
+    backoff_until: Option<Instant>,
+    fruitless: u32,
+    last_rx: Instant,
+}
+
+fn digest(bytes: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write(bytes);
+    h.finish()
+}
+
+fn readable(s: &zmq::Socket) -> bool {
+    s.get_events().is_ok_and(|e| e.contains(zmq::POLLIN))
+}
+
+/// The KV streams of one ingest thread.
+#[derive(Default)]
+pub struct KvStreams {
+    streams: Vec<Option<Stream>>,
+    free: Vec<usize>,
+    by_id: HashMap<u64, Vec<usize>>,
+}
+
+impl KvStreams {
+    /// Registers `sub`'s streams under subscription `id` and starts each one's initial replay.
+    pub fn add(&mut self, epoll: &Epoll, ctx: &FleetContext, id: u64, sub: KvSubscription) {
+        for k in sub.streams {
+            let Ok(fd) = k.sub.get_fd() else {
+                tracing::warn!(rank = k.rank, "ZMQ_FD of a KV stream failed; stream not served");
+                continue;
+            };
+            let i = self.free.pop().unwrap_or_else(|| {
+                self.streams.push(None);
+                self.streams.len() - 1
+            });
+            if let Err(e) = epoll.add(fd, KV_TAG | i as u64) {
+                tracing::warn!(rank = k.rank, "epoll: {e}; KV stream not served");
+                self.free.push(i);
+                continue;
+            }
+            sub.book.counters.streams.fetch_add(1, Relaxed);
+            let mut s = Stream {
+                id,
+                book: sub.book.clone(),
+                k,
+                fd,
+                seq: Sequencer::default(),
+                replay: None,
+                held: VecDeque::new(),
+                backoff_until: None,
+                fruitless: 0,
+                last_rx: Instant::now(),
+            };
+            s.start_replay(epoll, ctx, i);
+            s.drain_live(epoll, ctx, i);
+            self.streams[i] = Some(s);
+            self.by_id.entry(id).or_default().push(i);
+        }
+    }
+
+    /// Closes subscription `id`'s streams.
+    pub fn remove(&mut self, epoll: &Epoll, id: u64) {
+        for i in self.by_id.remove(&id).unwrap_or_default() {
+            if let Some(mut s) = self.streams[i].take() {
+                debug_assert_eq!(s.id, id);
+                epoll.remove(s.fd);
+                s.close_replay(epoll);
+                s.book.counters.streams.fetch_sub(1, Relaxed);
+                self.free.push(i);
+            }
+        }
+    }
+
+    /// Serves a ready token carrying [`KV_TAG`] or [`REPLAY_TAG`].
+    pub fn ready(&mut self, epoll: &Epoll, ctx: &FleetContext, token: u64) {
+        let i = (token & !(KV_TAG | REPLAY_TAG)) as usize;
+        let Some(Some(s)) = self.streams.get_mut(i) else {
+            return;
+        };
+        if token & REPLAY_TAG != 0 {
+            s.drain_replay(epoll, ctx, i);
+        } else {
+            s.drain_live(epoll, ctx, i);
+        }
+    }
+
+    /// The once-a-second sweep: drains quiet sockets (a missed edge) and times replays out.
+    pub fn sweep(&mut self, epoll: &Epoll, ctx: &FleetContext, quiet: Duration) {
+        let now = Instant::now();
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            let Some(s) = s else { continue };
+            if s.replay.is_some() {
+                s.drain_replay(epoll, ctx, i);
+            }
+            if s.replay.as_ref().is_some_and(|r| now >= r.deadline) {
+                s.replay_timed_out(epoll, ctx, i);
+            }
+            if s.last_rx.elapsed() >= quiet {
+                s.drain_live(epoll, ctx, i);
+            }
+        }
+    }
+}
+
+impl Stream {
+    fn drain_live(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        loop {
+            match self.k.sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => {
+                    self.last_rx = Instant::now();
+                    let seq = match split_frames(&frames) {
+                        Ok(raw) => raw.seq,
+                        Err(_) => {
+                            self.book.counters.decode_errors.fetch_add(1, Relaxed);
+                            continue;
+                        }
+                    };
+                    let payload = frames.into_iter().nth(2).unwrap_or_default();
+                    self.on_live(epoll, ctx, i, seq, payload);
+                }
+                Err(zmq::Error::EAGAIN) if readable(&self.k.sub) => continue,
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn on_live(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize, seq: i64, p: Vec<u8>) {
+        match self.seq.live(seq) {
+            Live::Apply => {
+                self.apply(seq, &p, true);
+                self.fruitless = 0;
+            }
+            Live::Duplicate => {
+                self.book.counters.duplicates.fetch_add(1, Relaxed);
+            }
+            Live::Hold => self.hold(seq, p),
+            Live::Restart => {
+                tracing::info!(rank = self.k.rank, "KV-event stream restarted (seq went back to {seq})");
+                self.resync(ResyncReason::Restart, false);
+                self.seq.reset();
+                self.on_live(epoll, ctx, i, seq, p);
+            }
+            Live::Gap { from } => {
+                self.k.stats.gaps.fetch_add(1, Relaxed);
+                self.book.counters.gaps.fetch_add(1, Relaxed);
+                tracing::debug!(rank = self.k.rank, "KV-event gap: {from}..{seq} missed");
+                if self.can_replay() && self.start_replay(epoll, ctx, i) {
+                    self.hold(seq, p);
+                } else {
+                    let why = if self.k.replay_endpoint.is_some() {
+                        ResyncReason::GapNotCovered
+                    } else {
+                        ResyncReason::NoReplay
+                    };
+                    self.resync(why, true);
+                    self.seq.accept_any_next();
+                    self.apply(seq, &p, true);
+                }
+            }
+        }
+    }
+
+    fn hold(&mut self, seq: i64, p: Vec<u8>) {
+        if self.held.len() < MAX_HELD {
+            self.held.push_back((seq, p));
+        }
+    }
+
+    fn can_replay(&self) -> bool {
+        self.k.replay_endpoint.is_some()
+            && self.fruitless < FRUITLESS_LIMIT
+            && self.backoff_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Decodes and applies one batch; a malformed one is counted and leaves the view incomplete.
+    fn apply(&mut self, seq: i64, payload: &[u8], live: bool) {
+        match decode_kv_batch(payload) {
+            Ok(batch) => self.book.apply(self.k.slot, &batch),
+            Err(e) => {
+                tracing::debug!(rank = self.k.rank, "malformed KV-event batch {seq}: {e}");
+                self.book.counters.decode_errors.fetch_add(1, Relaxed);
+                self.book.mark_stale(self.k.slot);
+            }
+        }
+        self.seq.applied(seq, digest(payload), live);
+        self.k.stats.last_seq.store(seq, Relaxed);
+    }
+
+    fn resync(&mut self, why: ResyncReason, stale: bool) {
+        self.k.stats.resyncs.fetch_add(1, Relaxed);
+        self.book.resync(self.k.slot, why, stale);
+        self.k.stats.last_seq.store(-1, Relaxed);
+    }
+
+    /// Opens a DEALER and asks for the batches from the sequencer's start; false without one.
+    fn start_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
+        let Some(ep) = self.k.replay_endpoint.as_deref() else {
+            return false;
+        };
+        let opened = ctx.dealer_socket().and_then(|d| {
+            d.set_linger(0)?;
+            d.set_rcvhwm(0)?;
+            d.set_maxmsgsize(crate::subscribe::MAX_MSG_BYTES)?;
+            d.connect(ep)?;
+            let fd = d.get_fd()?;
+            Ok((d, fd))
+        });
+        let (dealer, fd) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(rank = self.k.rank, "cannot open a replay socket to {ep}: {e}");
+                return false;
+            }
+        };
+        let start = self.seq.begin_replay();
+        let sent = dealer.send_multipart([&b""[..], &start.to_be_bytes()], zmq::DONTWAIT);
+        if sent.is_err() || epoll.add(fd, REPLAY_TAG | i as u64).is_err() {
+            self.seq.abort_replay();
+            return false;
+        }
+        self.k.stats.replays.fetch_add(1, Relaxed);
+        self.book.counters.replays_requested.fetch_add(1, Relaxed);
+        self.replay = Some(ReplaySocket {
+            dealer,
+            fd,
+            deadline: Instant::now() + REPLAY_TIMEOUT,
+            first: true,
+            failed: false,
+        });
+        self.drain_replay(epoll, ctx, i);
+        true
+    }
+
+    fn close_replay(&mut self, epoll: &Epoll) {
+        if let Some(r) = self.replay.take() {
+            epoll.remove(r.fd);
+        }
+    }
+
+    fn drain_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        loop {
+            let Some(r) = &self.replay else { return };
+            match r.dealer.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => {
+                    let [empty, _topic, seq, payload] = &frames[..] else {
+                        self.book.counters.decode_errors.fetch_add(1, Relaxed);
+                        continue;
+                    };
+                    let Ok(seq) = <[u8; 8]>::try_from(&seq[..]).map(i64::from_be_bytes) else {
+                        self.book.counters.decode_errors.fetch_add(1, Relaxed);
+                        continue;
+                    };
+                    if !empty.is_empty() {
+                        self.book.counters.decode_errors.fetch_add(1, Relaxed);
+                    } else if seq == -1 {
+                        return self.finish_replay(epoll, ctx, i);
+                    } else {
+                        self.on_replayed(epoll, ctx, i, seq, payload);
+                    }
+                }
+                Err(zmq::Error::EAGAIN) if readable(&r.dealer) => continue,
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn on_replayed(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize, seq: i64, p: &[u8]) {
+        let first = self.replay.as_mut().is_some_and(|r| std::mem::take(&mut r.first));
+        match self.seq.replayed(seq, digest(p)) {
+            Replayed::Apply => self.apply(seq, p, false),
+            Replayed::Skip => {}
+            Replayed::Restart => {
+                tracing::info!(rank = self.k.rank, "KV-event stream: a new engine behind the gap");
+                self.close_replay(epoll);
+                self.seq.abort_replay();
+                self.resync(ResyncReason::Restart, false);
+                self.seq.reset();
+                if !self.start_replay(epoll, ctx, i) {
+                    self.seq.accept_any_next();
+                    self.flush_held(epoll, ctx, i);
+                }
+            }
+            Replayed::NotCovered if first => {
+                if let Some(r) = &mut self.replay {
+                    r.failed = true;
+                }
+                self.book.counters.replays_failed.fetch_add(1, Relaxed);
+                self.resync(ResyncReason::GapNotCovered, seq > 0);
+                self.seq.restart_at(seq);
+                self.apply(seq, p, false);
+            }
+            // A batch lost inside the replay itself: the rest waits for the next replay.
+            Replayed::NotCovered => {}
+        }
+    }
+
+    fn finish_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        let failed = self.replay.as_ref().is_some_and(|r| r.failed);
+        self.close_replay(epoll);
+        if !failed {
+            self.book.counters.replays_succeeded.fetch_add(1, Relaxed);
+        }
+        if self.seq.end_replay() {
+            self.fruitless = 0;
+        } else {
+            self.fruitless += 1;
+        }
+        self.flush_held(epoll, ctx, i);
+    }
+
+    fn replay_timed_out(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        tracing::warn!(rank = self.k.rank, "KV-event replay timed out; resyncing without it");
+        self.close_replay(epoll);
+        self.seq.abort_replay();
+        self.book.counters.replays_failed.fetch_add(1, Relaxed);
+        self.resync(ResyncReason::ReplayFailed, true);
+        self.seq.accept_any_next();
+        self.backoff_until = Some(Instant::now() + REPLAY_BACKOFF);
+        self.flush_held(epoll, ctx, i);
+    }
+
+    /// Passes the batches held during a replay through the live rules, oldest first.
+    fn flush_held(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        let held = std::mem::take(&mut self.held);
+        for (seq, p) in held {
+            self.on_live(epoll, ctx, i, seq, p);
+        }
+    }
+}
