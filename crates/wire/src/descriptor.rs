@@ -153,9 +153,14 @@ impl KvEventsDescriptor {
     /// The host a KV-event subscriber dials: `endpoint_host` when the engine bound a concrete
     /// host (it listens there only), else — a wildcard — the worker URL's host.
     fn kv_host<'a>(&'a self, worker_host: &'a str) -> &'a str {
-        let advertised = self.endpoint_host.trim_start_matches('[').trim_end_matches(']');
+        let advertised = self
+            .endpoint_host
+            .trim_start_matches('[')
+            .trim_end_matches(']');
         match advertised {
-            "" | "*" | "0.0.0.0" | "::" => worker_host.trim_start_matches('[').trim_end_matches(']'),
+            "" | "*" | "0.0.0.0" | "::" => {
+                worker_host.trim_start_matches('[').trim_end_matches(']')
+            }
             concrete => concrete,
         }
     }
@@ -237,7 +242,8 @@ mod tests {
 
     #[test]
     fn kv_streams_per_rank_with_replay() {
-        let body = br#"{"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,
+        let body =
+            br#"{"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,
             "topic":"","block_size":16,"dp_size":2,"replay_endpoint_port_base":5600}}"#;
         let d = parse_server_info(body).unwrap().unwrap();
         let eps = d.kv_endpoints("[::1]").unwrap();

@@ -188,7 +188,8 @@ mod tests {
 
     #[test]
     fn kv_streams_or_why_not() {
-        let body = format!(r#"{{"kv_events":{{{KV},"dp_size":2,"replay_endpoint_port_base":6000}}}}"#);
+        let body =
+            format!(r#"{{"kv_events":{{{KV},"dp_size":2,"replay_endpoint_port_base":6000}}}}"#);
         let s = kv_streams("http://10.0.0.2:30000", body.as_bytes()).unwrap();
         assert_eq!((s.block_size, s.topic.as_str()), (16, ""));
         let eps: Vec<_> = s
@@ -204,8 +205,14 @@ mod tests {
             ]
         );
         let url = "http://h:1";
-        assert_eq!(kv_streams(url, br#"{"kv_events":null}"#), Err(NoKv::NoKvEvents));
-        assert_eq!(kv_streams(url, br#"{"version":"x"}"#), Err(NoKv::NoKvEvents));
+        assert_eq!(
+            kv_streams(url, br#"{"kv_events":null}"#),
+            Err(NoKv::NoKvEvents)
+        );
+        assert_eq!(
+            kv_streams(url, br#"{"version":"x"}"#),
+            Err(NoKv::NoKvEvents)
+        );
         let null = body.replace(r#""publisher":"zmq""#, r#""publisher":"null""#);
         assert_eq!(
             kv_streams(url, null.as_bytes()),

@@ -61,25 +61,73 @@ impl CacheBook {
         let c = &self.counters;
         let (len, max, dropped) = {
             let g = self.read();
-            (g.index.len(), g.index.max_blocks(), g.index.dropped_blocks())
+            (
+                g.index.len(),
+                g.index.max_blocks(),
+                g.index.dropped_blocks(),
+            )
         };
         let gauges = [
-            ("loadlink_kv_index_blocks", "Distinct KV blocks in the router's index", len as u64),
-            ("loadlink_kv_index_max_blocks", "The index's bound (--kv-index-max-blocks)", max as u64),
-            ("loadlink_kv_streams", "KV-event streams (worker ranks) held by the ingest threads", c.streams.load(Relaxed)),
+            (
+                "loadlink_kv_index_blocks",
+                "Distinct KV blocks in the router's index",
+                len as u64,
+            ),
+            (
+                "loadlink_kv_index_max_blocks",
+                "The index's bound (--kv-index-max-blocks)",
+                max as u64,
+            ),
+            (
+                "loadlink_kv_streams",
+                "KV-event streams (worker ranks) held by the ingest threads",
+                c.streams.load(Relaxed),
+            ),
         ];
         for (name, help, v) in gauges {
             e.single(name, MetricType::Gauge, help, v);
         }
         let counters = [
-            ("loadlink_kv_index_dropped_blocks_total", "Blocks refused at the index bound (their ranks need a resync)", dropped),
-            ("loadlink_kv_batches_total", "KV-event batches applied", c.batches.load(Relaxed)),
-            ("loadlink_kv_gaps_total", "Seq gaps detected on KV-event streams", c.gaps.load(Relaxed)),
-            ("loadlink_kv_replays_requested_total", "Replays requested from an engine's replay socket", c.replays_requested.load(Relaxed)),
-            ("loadlink_kv_replays_succeeded_total", "Replays that covered what was missing", c.replays_succeeded.load(Relaxed)),
-            ("loadlink_kv_replays_failed_total", "Replays that timed out or no longer held what was missing", c.replays_failed.load(Relaxed)),
-            ("loadlink_kv_duplicates_total", "Live batches skipped because a replay had applied them already", c.duplicates.load(Relaxed)),
-            ("loadlink_kv_decode_errors_total", "KV-event messages dropped as malformed", c.decode_errors.load(Relaxed)),
+            (
+                "loadlink_kv_index_dropped_blocks_total",
+                "Blocks refused at the index bound (their ranks need a resync)",
+                dropped,
+            ),
+            (
+                "loadlink_kv_batches_total",
+                "KV-event batches applied",
+                c.batches.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_gaps_total",
+                "Seq gaps detected on KV-event streams",
+                c.gaps.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_requested_total",
+                "Replays requested from an engine's replay socket",
+                c.replays_requested.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_succeeded_total",
+                "Replays that covered what was missing",
+                c.replays_succeeded.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_failed_total",
+                "Replays that timed out or no longer held what was missing",
+                c.replays_failed.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_duplicates_total",
+                "Live batches skipped because a replay had applied them already",
+                c.duplicates.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_decode_errors_total",
+                "KV-event messages dropped as malformed",
+                c.decode_errors.load(Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
             e.single(name, MetricType::Counter, help, v);
@@ -118,9 +166,8 @@ impl CacheBook {
         for w in workers {
             if let Some(entry) = g.workers.get(&key(w)) {
                 let stats = entry.ranks.iter().map(|(s, _)| g.index.slot_stats(*s));
-                let (blocks, stale) = stats.fold((0, false), |(b, st), x| {
-                    (b + x.blocks, st | x.needs_resync)
-                });
+                let (blocks, stale) =
+                    stats.fold((0, false), |(b, st), x| (b + x.blocks, st | x.needs_resync));
                 rows.push((&w.url, blocks, stale));
             }
         }

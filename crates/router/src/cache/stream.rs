@@ -325,7 +325,11 @@ impl CacheBook {
             }
             for (o, w) in out.iter_mut().zip(workers) {
                 if let Some(e) = g.workers.get(&key(w)) {
-                    let best = e.ranks.iter().map(|(slot, _)| s.depth[*slot as usize]).max();
+                    let best = e
+                        .ranks
+                        .iter()
+                        .map(|(slot, _)| s.depth[*slot as usize])
+                        .max();
                     *o = u64::from(best.unwrap_or(0)) * page_size;
                 }
             }
@@ -381,14 +385,23 @@ mod tests {
     #[test]
     fn cached_tokens_per_worker_in_order_max_over_ranks() {
         let book = CacheBook::new(100);
-        let (a, b, c) = (worker("http://a:1"), worker("http://b:1"), worker("http://c:1"));
+        let (a, b, c) = (
+            worker("http://a:1"),
+            worker("http://b:1"),
+            worker("http://c:1"),
+        );
         let sa = book.register(&a, 4, 2);
         let sb = book.register(&b, 4, 1);
         book.apply(sa[0].0, &batch(vec![stored(&[1, 2])]));
         book.apply(sa[1].0, &batch(vec![stored(&[1, 2, 3])]));
         book.apply(sb[0].0, &batch(vec![stored(&[1])]));
         let mut out = Vec::new();
-        book.cached_tokens(&[c.clone(), b.clone(), a.clone()], &[1, 2, 3, 4], 4, &mut out);
+        book.cached_tokens(
+            &[c.clone(), b.clone(), a.clone()],
+            &[1, 2, 3, 4],
+            4,
+            &mut out,
+        );
         assert_eq!(out, [0, 4, 12]);
         let removed = KvEvent::Removed(BlockRemoved {
             block_hashes: vec![3],

@@ -9,6 +9,12 @@
 //! sweep) fails, the slot is cleared and marked incomplete, and replays from that stream pause for
 //! [`REPLAY_BACKOFF`].
 //!
+//! Restarts an idle engine would hide: a restarted engine publishes KV batches only when its cache
+//! changes, and those first batches usually go out before the router's SUB has reconnected. The
+//! worker's load stream, which publishes every cycle and heartbeats when idle, notices the restart
+//! (its seq goes back); the sweep reads that rank's load-restart counter and resyncs the KV slot
+//! (clear, replay from 0) when it moved.
+//!
 //! Why a replay first on subscription: PUB/SUB delivers only what is published after the
 //! connection is up, and an engine may have filled its cache long before; the replay from seq 0
 //! brings the index up to the engine's state (as far as its buffer reaches, else the slot is
@@ -18,9 +24,7 @@ use super::epoll::Epoll;
 use super::kv_seq::{Live, Replayed, Sequencer};
 use crate::book::Worker;
 use crate::cache::{CacheBook, ResyncReason, Slot, StreamStats};
-use crate::subscribe::{
-    CONNECT_TIMEOUT_MS, MAX_MSG_BYTES, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS,
-};
+use crate::subscribe::{CONNECT_TIMEOUT_MS, MAX_MSG_BYTES, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS};
 use crate::zctx::FleetContext;
 use loadlink_wire::discovery::KvStreams as Discovered;
 use loadlink_wire::frame::split_frames;
@@ -131,6 +135,9 @@ struct ReplaySocket {
 struct Stream {
     id: u64,
     book: Arc<CacheBook>,
+    worker: Arc<Worker>,
+    /// The load stream's restart count of this rank, as last seen.
+    load_restarts: u64,
     k: KvSocket,
     fd: RawFd,
     seq: Sequencer,
@@ -161,10 +168,20 @@ pub struct KvStreams {
 
 impl KvStreams {
     /// Registers `sub`'s streams under subscription `id` and starts each one's initial replay.
-    pub fn add(&mut self, epoll: &Epoll, ctx: &FleetContext, id: u64, sub: KvSubscription) {
+    pub fn add(
+        &mut self,
+        epoll: &Epoll,
+        ctx: &FleetContext,
+        id: u64,
+        worker: &Arc<Worker>,
+        sub: KvSubscription,
+    ) {
         for k in sub.streams {
             let Ok(fd) = k.sub.get_fd() else {
-                tracing::warn!(rank = k.rank, "ZMQ_FD of a KV stream failed; stream not served");
+                tracing::warn!(
+                    rank = k.rank,
+                    "ZMQ_FD of a KV stream failed; stream not served"
+                );
                 continue;
             };
             let i = self.free.pop().unwrap_or_else(|| {
@@ -180,6 +197,8 @@ impl KvStreams {
             let mut s = Stream {
                 id,
                 book: sub.book.clone(),
+                worker: worker.clone(),
+                load_restarts: 0,
                 k,
                 fd,
                 seq: Sequencer::default(),
@@ -189,6 +208,7 @@ impl KvStreams {
                 fruitless: 0,
                 last_rx: Instant::now(),
             };
+            s.load_restarts = s.load_restarts_now();
             s.start_replay(epoll, ctx, i);
             s.drain_live(epoll, ctx, i);
             self.streams[i] = Some(s);
@@ -236,11 +256,41 @@ impl KvStreams {
             if s.last_rx.elapsed() >= quiet {
                 s.drain_live(epoll, ctx, i);
             }
+            s.follow_load_restart(epoll, ctx, i);
         }
     }
 }
 
 impl Stream {
+    fn load_restarts_now(&self) -> u64 {
+        let rank = self.k.rank as usize;
+        self.worker
+            .ranks
+            .get(rank)
+            .map_or(0, |r| r.restarts.load(Relaxed))
+    }
+
+    /// Resyncs from seq 0 when this rank's load stream saw its engine restart.
+    fn follow_load_restart(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        let now = self.load_restarts_now();
+        if now == self.load_restarts {
+            return;
+        }
+        self.load_restarts = now;
+        tracing::info!(
+            rank = self.k.rank,
+            "engine restarted (load stream): resyncing KV events"
+        );
+        self.close_replay(epoll);
+        self.seq.abort_replay();
+        self.resync(ResyncReason::Restart, false);
+        self.seq.reset();
+        if !self.start_replay(epoll, ctx, i) {
+            self.seq.accept_any_next();
+            self.flush_held(epoll, ctx, i);
+        }
+    }
+
     fn drain_live(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
         loop {
             match self.k.sub.recv_multipart(zmq::DONTWAIT) {
@@ -273,7 +323,10 @@ impl Stream {
             }
             Live::Hold => self.hold(seq, p),
             Live::Restart => {
-                tracing::info!(rank = self.k.rank, "KV-event stream restarted (seq went back to {seq})");
+                tracing::info!(
+                    rank = self.k.rank,
+                    "KV-event stream restarted (seq went back to {seq})"
+                );
                 self.resync(ResyncReason::Restart, false);
                 self.seq.reset();
                 self.on_live(epoll, ctx, i, seq, p);
@@ -346,7 +399,10 @@ impl Stream {
         let (dealer, fd) = match opened {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(rank = self.k.rank, "cannot open a replay socket to {ep}: {e}");
+                tracing::warn!(
+                    rank = self.k.rank,
+                    "cannot open a replay socket to {ep}: {e}"
+                );
                 return false;
             }
         };
@@ -403,12 +459,18 @@ impl Stream {
     }
 
     fn on_replayed(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize, seq: i64, p: &[u8]) {
-        let first = self.replay.as_mut().is_some_and(|r| std::mem::take(&mut r.first));
+        let first = self
+            .replay
+            .as_mut()
+            .is_some_and(|r| std::mem::take(&mut r.first));
         match self.seq.replayed(seq, digest(p)) {
             Replayed::Apply => self.apply(seq, p, false),
             Replayed::Skip => {}
             Replayed::Restart => {
-                tracing::info!(rank = self.k.rank, "KV-event stream: a new engine behind the gap");
+                tracing::info!(
+                    rank = self.k.rank,
+                    "KV-event stream: a new engine behind the gap"
+                );
                 self.close_replay(epoll);
                 self.seq.abort_replay();
                 self.resync(ResyncReason::Restart, false);
@@ -447,7 +509,10 @@ impl Stream {
     }
 
     fn replay_timed_out(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        tracing::warn!(rank = self.k.rank, "KV-event replay timed out; resyncing without it");
+        tracing::warn!(
+            rank = self.k.rank,
+            "KV-event replay timed out; resyncing without it"
+        );
         self.close_replay(epoll);
         self.seq.abort_replay();
         self.book.counters.replays_failed.fetch_add(1, Relaxed);

@@ -21,7 +21,9 @@ pub enum Live {
     /// A replay is under way: keep it until it ends.
     Hold,
     /// Seqs from `from` were missed.
-    Gap { from: i64 },
+    Gap {
+        from: i64,
+    },
     /// The seq went back: a new engine.
     Restart,
 }
@@ -190,7 +192,11 @@ mod tests {
         assert_eq!(s.live(2), Live::Duplicate);
         assert_eq!(s.live(5), Live::Apply);
         s.applied(5, 15, true);
-        assert_eq!(s.live(3), Live::Restart, "caught up: going back is a restart");
+        assert_eq!(
+            s.live(3),
+            Live::Restart,
+            "caught up: going back is a restart"
+        );
     }
 
     #[test]

@@ -263,10 +263,10 @@ impl Loop {
                     sockets,
                     kv,
                 } => {
-                    self.add(id, worker, sockets);
                     if let Some(kv) = kv {
-                        self.kv.add(&self.epoll, &self.ctx, id, kv);
+                        self.kv.add(&self.epoll, &self.ctx, id, &worker, kv);
                     }
+                    self.add(id, worker, sockets);
                 }
                 Command::Remove { id, done } => {
                     self.remove(id);
