@@ -100,6 +100,9 @@ pub struct CacheCounters {
     pub replays_requested: AtomicU64,
     pub replays_succeeded: AtomicU64,
     pub replays_failed: AtomicU64,
+    /// Replays that went silent before their end marker (the engine shed at its HWM) and were
+    /// continued from where they stopped.
+    pub replays_cut_short: AtomicU64,
     /// Resyncs by [`ResyncReason`] (same order as [`ResyncReason::ALL`]).
     pub resyncs: [AtomicU64; 4],
     pub decode_errors: AtomicU64,

@@ -22,11 +22,10 @@
 
 use super::epoll::Epoll;
 use super::kv_seq::{Live, Replayed, Sequencer};
+pub use super::kv_subscribe::{KV_RCVHWM, KvSocket, KvSubscription, open_kv_sub, subscribe};
 use crate::book::Worker;
-use crate::cache::{CacheBook, ResyncReason, Slot, StreamStats};
-use crate::subscribe::{CONNECT_TIMEOUT_MS, MAX_MSG_BYTES, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS};
+use crate::cache::{CacheBook, ResyncReason};
 use crate::zctx::FleetContext;
-use loadlink_wire::discovery::KvStreams as Discovered;
 use loadlink_wire::frame::split_frames;
 use loadlink_wire::kv_events::decode_kv_batch;
 use std::collections::{HashMap, VecDeque};
@@ -36,12 +35,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+/// How often the ingest loop wakes while a replay runs.
+pub const REPLAY_POLL: Duration = Duration::from_millis(25);
 /// Epoll tokens of KV SUB sockets: this bit | stream index.
 pub const KV_TAG: u64 = 1 << 62;
 /// Epoll tokens of replay DEALERs: this bit | stream index.
 pub const REPLAY_TAG: u64 = 1 << 61;
-/// A replay must end within this.
+/// A replay must answer (its first batch or its end) within this.
 pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+/// A replay that answered but then sent nothing for this long was cut short: the engine's ROUTER
+/// sheds at its send high-water mark (1,000 messages by default, in SGLang's publisher as in
+/// ours) while it writes a long replay in one loop, end marker included. What arrived is kept and
+/// the rest is asked for again from there.
+pub const REPLAY_IDLE: Duration = Duration::from_millis(100);
 /// After a failed replay, gaps on that stream resync without one for this long.
 pub const REPLAY_BACKOFF: Duration = Duration::from_secs(5);
 /// Replays in a row that bring nothing new before gaps are resynced without one.
@@ -49,87 +55,18 @@ const FRUITLESS_LIMIT: u32 = 3;
 /// Live batches kept while a replay runs; past this they are dropped (and replayed later).
 const MAX_HELD: usize = 10_000;
 
-/// Batches libzmq queues per KV stream before it sheds (SGLang's publisher HWM): unlike load,
-/// every batch matters; a shed one is a gap, recovered by replay.
-pub const KV_RCVHWM: i32 = 100_000;
-
-/// A SUB for a KV-event stream: the load sockets' bounds (see [`crate::subscribe::configure`])
-/// with a deep queue.
-pub fn open_kv_sub(ctx: &FleetContext, endpoint: &str, topic: &[u8]) -> zmq::Result<zmq::Socket> {
-    let s = ctx.sub_socket()?;
-    s.set_ipv6(endpoint.contains('['))?;
-    s.set_maxmsgsize(MAX_MSG_BYTES)?;
-    s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
-    s.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
-    s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
-    s.set_tcp_keepalive(1)?;
-    s.set_tcp_keepalive_idle(30)?;
-    s.set_rcvhwm(KV_RCVHWM)?;
-    s.set_linger(0)?;
-    s.set_subscribe(topic)?;
-    s.connect(endpoint)?;
-    Ok(s)
-}
-
-/// Registers `worker`'s streams in `book` and opens their SUBs; on failure nothing stays
-/// registered and the error names the socket.
-pub fn subscribe(
-    book: &Arc<CacheBook>,
-    ctx: &FleetContext,
-    worker: &Arc<Worker>,
-    streams: &Discovered,
-) -> Result<KvSubscription, String> {
-    let ranks = u32::try_from(streams.endpoints.len()).unwrap_or(u32::MAX);
-    let slots = book.register(worker, streams.block_size, ranks);
-    let mut out = Vec::with_capacity(slots.len());
-    for (ep, (slot, stats)) in streams.endpoints.iter().zip(slots) {
-        match open_kv_sub(ctx, &ep.endpoint, streams.topic.as_bytes()) {
-            Ok(sub) => out.push(KvSocket {
-                rank: ep.rank,
-                slot,
-                sub,
-                replay_endpoint: ep.replay_endpoint.clone(),
-                stats,
-            }),
-            Err(e) => {
-                book.unregister(worker);
-                return Err(format!(
-                    "cannot subscribe to rank {}'s KV-event socket {}: {e}",
-                    ep.rank, ep.endpoint
-                ));
-            }
-        }
-    }
-    Ok(KvSubscription {
-        book: book.clone(),
-        streams: out,
-    })
-}
-
-/// One rank's KV stream, handed to an ingest thread.
-pub struct KvSocket {
-    pub rank: u32,
-    pub slot: Slot,
-    /// Connected and subscribed.
-    pub sub: zmq::Socket,
-    pub replay_endpoint: Option<String>,
-    pub stats: Arc<StreamStats>,
-}
-
-/// A worker's KV streams and the book they feed.
-pub struct KvSubscription {
-    pub book: Arc<CacheBook>,
-    pub streams: Vec<KvSocket>,
-}
-
 struct ReplaySocket {
     dealer: zmq::Socket,
     fd: RawFd,
     deadline: Instant,
+    /// When its last message arrived.
+    last_rx: Instant,
     /// No replayed batch seen yet.
     first: bool,
     /// It did not cover what was missing.
     failed: bool,
+    /// A batch inside it was lost (the engine's ROUTER sheds at its HWM): ask again from there.
+    truncated: bool,
 }
 
 struct Stream {
@@ -242,17 +179,33 @@ impl KvStreams {
         }
     }
 
-    /// The once-a-second sweep: drains quiet sockets (a missed edge) and times replays out.
-    pub fn sweep(&mut self, epoll: &Epoll, ctx: &FleetContext, quiet: Duration) {
+    /// Checks running replays: one silent past [`REPLAY_TIMEOUT`] fails, one that stalled past
+    /// [`REPLAY_IDLE`] after answering is continued. Returns whether any replay still runs (the
+    /// ingest loop then wakes every [`REPLAY_POLL`] to call this again).
+    pub fn poll_replays(&mut self, epoll: &Epoll, ctx: &FleetContext) -> bool {
         let now = Instant::now();
+        let mut running = false;
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
             if s.replay.is_some() {
                 s.drain_replay(epoll, ctx, i);
             }
-            if s.replay.as_ref().is_some_and(|r| now >= r.deadline) {
-                s.replay_timed_out(epoll, ctx, i);
+            match &s.replay {
+                Some(r) if r.first && now >= r.deadline => s.replay_timed_out(epoll, ctx, i),
+                Some(r) if !r.first && now.duration_since(r.last_rx) >= REPLAY_IDLE => {
+                    s.replay_stalled(epoll, ctx, i)
+                }
+                _ => {}
             }
+            running |= s.replay.is_some();
+        }
+        running
+    }
+
+    /// The once-a-second sweep: drains quiet sockets (a missed edge) and follows load restarts.
+    pub fn sweep(&mut self, epoll: &Epoll, ctx: &FleetContext, quiet: Duration) {
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            let Some(s) = s else { continue };
             if s.last_rx.elapsed() >= quiet {
                 s.drain_live(epoll, ctx, i);
             }
@@ -328,6 +281,7 @@ impl Stream {
                     "KV-event stream restarted (seq went back to {seq})"
                 );
                 self.resync(ResyncReason::Restart, false);
+                self.load_restarts = self.load_restarts_now();
                 self.seq.reset();
                 self.on_live(epoll, ctx, i, seq, p);
             }
@@ -418,8 +372,10 @@ impl Stream {
             dealer,
             fd,
             deadline: Instant::now() + REPLAY_TIMEOUT,
+            last_rx: Instant::now(),
             first: true,
             failed: false,
+            truncated: false,
         });
         self.drain_replay(epoll, ctx, i);
         true
@@ -433,9 +389,10 @@ impl Stream {
 
     fn drain_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
         loop {
-            let Some(r) = &self.replay else { return };
+            let Some(r) = &mut self.replay else { return };
             match r.dealer.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => {
+                    r.last_rx = Instant::now();
                     let [empty, _topic, seq, payload] = &frames[..] else {
                         self.book.counters.decode_errors.fetch_add(1, Relaxed);
                         continue;
@@ -489,19 +446,40 @@ impl Stream {
                 self.seq.restart_at(seq);
                 self.apply(seq, p, false);
             }
-            // A batch lost inside the replay itself: the rest waits for the next replay.
-            Replayed::NotCovered => {}
+            // A batch lost inside the replay itself: the rest comes with the next replay.
+            Replayed::NotCovered => {
+                if let Some(r) = &mut self.replay {
+                    r.truncated = true;
+                }
+            }
         }
     }
 
+    /// The replay answered, then went silent without its end marker: cut short (see
+    /// [`REPLAY_IDLE`]); finish it as truncated, which asks for the rest.
+    fn replay_stalled(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        if let Some(r) = &mut self.replay {
+            r.truncated = true;
+            r.failed = true; // not a success: it never ended
+        }
+        self.book.counters.replays_cut_short.fetch_add(1, Relaxed);
+        self.finish_replay(epoll, ctx, i);
+    }
+
     fn finish_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        let failed = self.replay.as_ref().is_some_and(|r| r.failed);
+        let (failed, truncated) = self
+            .replay
+            .as_ref()
+            .map_or((false, false), |r| (r.failed, r.truncated));
         self.close_replay(epoll);
         if !failed {
             self.book.counters.replays_succeeded.fetch_add(1, Relaxed);
         }
         if self.seq.end_replay() {
             self.fruitless = 0;
+            if truncated && self.start_replay(epoll, ctx, i) {
+                return; // the held batches wait for the rest
+            }
         } else {
             self.fruitless += 1;
         }

@@ -20,6 +20,7 @@ pub mod drain;
 mod epoll;
 pub mod kv;
 mod kv_seq;
+mod kv_subscribe;
 pub mod stats;
 
 use crate::book::Worker;
@@ -174,6 +175,8 @@ struct Loop {
     free: Vec<usize>,
     by_id: HashMap<u64, Vec<usize>>,
     kv: KvStreams,
+    /// A KV replay may be running: wake every `kv::REPLAY_POLL` to check on it.
+    kv_replaying: bool,
     scratch: Scratch,
     stats: Arc<IngestStats>,
     ctx: Arc<FleetContext>,
@@ -196,6 +199,7 @@ impl Loop {
             free: Vec::new(),
             by_id: HashMap::new(),
             kv: KvStreams::default(),
+            kv_replaying: false,
             scratch: Scratch::default(),
             stats,
             ctx,
@@ -207,8 +211,13 @@ impl Loop {
         let mut ready = Vec::with_capacity(events.len());
         let mut last_sweep = Instant::now();
         loop {
+            let timeout = if self.kv_replaying {
+                kv::REPLAY_POLL
+            } else {
+                SWEEP
+            };
             self.epoll
-                .wait(&mut ready, &mut events, SWEEP.as_millis() as i32);
+                .wait(&mut ready, &mut events, timeout.as_millis() as i32);
             if last_sweep.elapsed() >= SWEEP {
                 self.sweep();
                 last_sweep = Instant::now();
@@ -222,9 +231,13 @@ impl Loop {
                     }
                 } else if token & (KV_TAG | REPLAY_TAG) != 0 {
                     self.kv.ready(&self.epoll, &self.ctx, token);
+                    self.kv_replaying = true;
                 } else {
                     self.drain(token as usize);
                 }
+            }
+            if self.kv_replaying {
+                self.kv_replaying = self.kv.poll_replays(&self.epoll, &self.ctx);
             }
         }
     }
@@ -251,6 +264,7 @@ impl Loop {
             }
         }
         self.kv.sweep(&self.epoll, &self.ctx, SWEEP);
+        self.kv_replaying = true; // a sweep may have started one; the next poll says
     }
 
     /// Applies queued commands; false on `Stop`.
@@ -265,6 +279,7 @@ impl Loop {
                 } => {
                     if let Some(kv) = kv {
                         self.kv.add(&self.epoll, &self.ctx, id, &worker, kv);
+                        self.kv_replaying = true;
                     }
                     self.add(id, worker, sockets);
                 }
