@@ -60,28 +60,33 @@ fn request_path(c: &mut Criterion) {
     });
 }
 
-/// One initial sync of a rank whose publisher buffers `batches` batches of 16 blocks.
-fn initial_sync(batches: usize) -> Duration {
+/// Hands `batches` batches of 16 fresh blocks (numbered from `from`) to `publisher`.
+fn publish(publisher: &KvEventPublisher, from: usize, batches: usize) {
+    let hashes: Vec<i64> = (from * 16..(from + batches) * 16)
+        .map(|i| i as i64 * 7919 + 1)
+        .collect();
+    for h in hashes.chunks(16) {
+        while !publisher.publish(batch(h)) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn published(publisher: &KvEventPublisher) -> u64 {
+    publisher
+        .stats()
+        .published
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A publisher with a replay buffer of `batches`, and a fleet subscribed to it (not yet joined).
+fn rank(batches: usize) -> (KvEventPublisher, Arc<CacheBook>, Fleet, Discovery) {
     let base = free_port_block(2).expect("free ports");
     let ctx = zmq::Context::new();
     let mut cfg = KvPublisherConfig::new(format!("tcp://127.0.0.1:{base}"));
     cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", base + 1));
     cfg.buffer_steps = batches;
     let publisher = KvEventPublisher::bind(&ctx, cfg).expect("publisher binds");
-    let hashes: Vec<i64> = (0..batches * 16).map(|i| i as i64 * 7919 + 1).collect();
-    for h in hashes.chunks(16) {
-        while !publisher.publish(batch(h)) {
-            std::thread::yield_now();
-        }
-    }
-    while publisher
-        .stats()
-        .published
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < batches as u64
-    {
-        std::thread::sleep(Duration::from_millis(1));
-    }
     let book = Arc::new(CacheBook::new(1 << 22));
     let fleet = Fleet::with_cache(1, book.clone());
     let streams = KvStreams {
@@ -98,24 +103,64 @@ fn initial_sync(batches: usize) -> Duration {
         no_load_reason: Some("bench".into()),
         kv: Ok(streams),
     };
-    let t = Instant::now();
-    fleet.add("http://127.0.0.1:1", d);
-    while book.blocks() < batches * 16 {
+    (publisher, book, fleet, d)
+}
+
+fn wait_blocks(book: &CacheBook, n: usize) {
+    while book.blocks() < n {
         std::thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// One initial sync of a rank whose publisher buffers `batches` batches of 16 blocks: from the
+/// subscription to every block in the index.
+fn initial_sync(batches: usize) -> Duration {
+    let (publisher, book, fleet, d) = rank(batches);
+    publish(&publisher, 0, batches);
+    while published(&publisher) < batches as u64 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t = Instant::now();
+    fleet.add("http://127.0.0.1:1", d);
+    wait_blocks(&book, batches * 16);
     let took = t.elapsed();
     fleet.remove("http://127.0.0.1:1");
-    drop(publisher);
+    took
+}
+
+/// Live ingest: a joined subscriber, then `batches` batches published as fast as the publisher
+/// goes; from the first hand-over to every block in the index.
+fn live(batches: usize) -> Duration {
+    let (publisher, book, fleet, d) = rank(batches + 1);
+    fleet.add("http://127.0.0.1:1", d);
+    let mut probes = 0;
+    while book.blocks() == 0 {
+        publish(&publisher, probes, 1);
+        probes += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    wait_blocks(&book, probes * 16);
+    let t = Instant::now();
+    publish(&publisher, probes, batches);
+    wait_blocks(&book, (probes + batches) * 16);
+    let took = t.elapsed();
+    fleet.remove("http://127.0.0.1:1");
     took
 }
 
 fn ingest(c: &mut Criterion) {
-    const BATCHES: usize = 10_000;
-    let mut g = c.benchmark_group("kv_ingest_initial_sync");
+    let mut g = c.benchmark_group("kv_ingest");
     g.sample_size(10);
-    g.throughput(Throughput::Elements((BATCHES * 16) as u64));
-    g.bench_function("replay_10k_batches_160k_blocks", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| initial_sync(BATCHES)).sum())
+    for batches in [1_000, 10_000] {
+        g.throughput(Throughput::Elements((batches * 16) as u64));
+        g.bench_function(
+            format!("initial_sync_{batches}_batches_of_16_blocks"),
+            |b| b.iter_custom(|iters| (0..iters).map(|_| initial_sync(batches)).sum()),
+        );
+    }
+    g.throughput(Throughput::Elements(10_000 * 16));
+    g.bench_function("live_10000_batches_of_16_blocks", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| live(10_000)).sum())
     });
     g.finish();
 }

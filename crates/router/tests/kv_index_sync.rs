@@ -293,3 +293,72 @@ async fn a_flush_empties_the_rank_and_a_worker_without_kv_events_says_why() {
     e.engine.stop().await;
     plain.stop().await;
 }
+
+/// A replay longer than the engine's ROUTER send high-water mark (1,000) loses its tail and its
+/// end marker at the engine; the router continues it from the last batch it got, until every
+/// block of a 5,000-batch buffer is indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_longer_than_the_engines_send_hwm_is_continued() {
+    use loadlink_publish::{KvEventPublisher, KvPublisherConfig};
+    use loadlink_router::fleet::{Discovery, Fleet};
+    use loadlink_wire::descriptor::KvStreamEndpoint;
+    use loadlink_wire::discovery::KvStreams;
+    use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
+    use std::sync::Arc;
+    const BATCHES: u64 = 5_000;
+    let base = loadlink_publish::free_port_block(2).unwrap();
+    let ctx = zmq::Context::new();
+    let mut cfg = KvPublisherConfig::new(format!("tcp://127.0.0.1:{base}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", base + 1));
+    let publisher = KvEventPublisher::bind(&ctx, cfg).unwrap();
+    for i in 0..BATCHES as i64 {
+        let stored = KvEvent::Stored(BlockStored {
+            block_hashes: vec![2 * i + 1, 2 * i + 2],
+            block_size: 4,
+            ..Default::default()
+        });
+        let batch = KvEventBatch {
+            ts: 1.0,
+            events: vec![stored],
+            attn_dp_rank: Some(0),
+        };
+        assert!(publisher.publish(batch), "the queue holds them all");
+    }
+    let stats = publisher.stats();
+    wait_for("every batch published", 20, || {
+        let n = stats.published.load(std::sync::atomic::Ordering::Relaxed);
+        async move { n == BATCHES }
+    })
+    .await;
+    let book = Arc::new(loadlink_router::cache::CacheBook::default());
+    let fleet = Fleet::with_cache(1, book.clone());
+    let kv = KvStreams {
+        block_size: 4,
+        topic: String::new(),
+        endpoints: vec![KvStreamEndpoint {
+            rank: 0,
+            endpoint: format!("tcp://127.0.0.1:{base}"),
+            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
+        }],
+    };
+    let d = Discovery {
+        endpoints: Vec::new(),
+        no_load_reason: Some("a bare KV publisher".into()),
+        kv: Ok(kv),
+    };
+    fleet.add("http://127.0.0.1:9", d);
+    let b = book.clone();
+    wait_for("every replayed block indexed", 20, || {
+        let n = b.blocks();
+        async move { n == 2 * BATCHES as usize }
+    })
+    .await;
+    let c = &book.counters;
+    assert_eq!(
+        c.batches.load(std::sync::atomic::Ordering::Relaxed),
+        BATCHES
+    );
+    tokio::task::spawn_blocking(move || fleet.remove("http://127.0.0.1:9"))
+        .await
+        .unwrap();
+}

@@ -87,7 +87,42 @@ impl CacheBook {
         for (name, help, v) in gauges {
             e.single(name, MetricType::Gauge, help, v);
         }
-        let counters = [
+        let counters = self.counter_rows(dropped);
+        for (name, help, v) in counters {
+            e.single(name, MetricType::Counter, help, v);
+        }
+        let mut f = e.family(
+            "loadlink_kv_events_total",
+            MetricType::Counter,
+            "KV events applied to the index, by type",
+        );
+        for (t, n) in EVENT_TYPES.iter().zip(&c.events) {
+            f.sample(&TypeLabels(t), n.load(Relaxed));
+        }
+        let mut f = e.family(
+            "loadlink_kv_block_events_total",
+            MetricType::Counter,
+            "Block hashes carried by applied stored and removed events",
+        );
+        for (t, n) in EVENT_TYPES.iter().zip(&c.block_events) {
+            f.sample(&TypeLabels(t), n.load(Relaxed));
+        }
+        let mut f = e.family(
+            "loadlink_kv_resyncs_total",
+            MetricType::Counter,
+            "KV-index slots cleared and rebuilt, by reason",
+        );
+        for r in ResyncReason::ALL {
+            let n = c.resyncs[r as usize].load(Relaxed);
+            f.sample(&ReasonLabels { reason: r.as_str() }, n);
+        }
+        self.write_worker_blocks(e, workers);
+    }
+
+    /// The plain `loadlink_kv_*` counters: (name, help, value).
+    fn counter_rows(&self, dropped: u64) -> [(&'static str, &'static str, u64); 9] {
+        let c = &self.counters;
+        [
             (
                 "loadlink_kv_index_dropped_blocks_total",
                 "Blocks refused at the index bound (their ranks need a resync)",
@@ -119,6 +154,11 @@ impl CacheBook {
                 c.replays_failed.load(Relaxed),
             ),
             (
+                "loadlink_kv_replays_cut_short_total",
+                "Replays that went silent before their end (the engine shed at its send HWM), continued from there",
+                c.replays_cut_short.load(Relaxed),
+            ),
+            (
                 "loadlink_kv_duplicates_total",
                 "Live batches skipped because a replay had applied them already",
                 c.duplicates.load(Relaxed),
@@ -128,36 +168,7 @@ impl CacheBook {
                 "KV-event messages dropped as malformed",
                 c.decode_errors.load(Relaxed),
             ),
-        ];
-        for (name, help, v) in counters {
-            e.single(name, MetricType::Counter, help, v);
-        }
-        let mut f = e.family(
-            "loadlink_kv_events_total",
-            MetricType::Counter,
-            "KV events applied to the index, by type",
-        );
-        for (t, n) in EVENT_TYPES.iter().zip(&c.events) {
-            f.sample(&TypeLabels(t), n.load(Relaxed));
-        }
-        let mut f = e.family(
-            "loadlink_kv_block_events_total",
-            MetricType::Counter,
-            "Block hashes carried by applied stored and removed events",
-        );
-        for (t, n) in EVENT_TYPES.iter().zip(&c.block_events) {
-            f.sample(&TypeLabels(t), n.load(Relaxed));
-        }
-        let mut f = e.family(
-            "loadlink_kv_resyncs_total",
-            MetricType::Counter,
-            "KV-index slots cleared and rebuilt, by reason",
-        );
-        for r in ResyncReason::ALL {
-            let n = c.resyncs[r as usize].load(Relaxed);
-            f.sample(&ReasonLabels { reason: r.as_str() }, n);
-        }
-        self.write_worker_blocks(e, workers);
+        ]
     }
 
     fn write_worker_blocks(&self, e: &mut Exposition, workers: &[std::sync::Arc<Worker>]) {

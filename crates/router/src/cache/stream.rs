@@ -411,7 +411,7 @@ mod tests {
             medium: None,
         });
         book.apply(sa[1].0, &batch(vec![removed]));
-        book.cached_tokens(&[a.clone()], &[1, 2, 3, 4], 4, &mut out);
+        book.cached_tokens(std::slice::from_ref(&a), &[1, 2, 3, 4], 4, &mut out);
         assert_eq!(out, [8]);
         assert_eq!(book.counters.events[1].load(Relaxed), 1);
         book.cached_tokens(&[a.clone(), b.clone()], &[9], 4, &mut out);

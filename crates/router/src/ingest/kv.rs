@@ -21,7 +21,8 @@
 //! marked incomplete).
 
 use super::epoll::Epoll;
-use super::kv_seq::{Live, Replayed, Sequencer};
+use super::kv_replay::ReplaySocket;
+use super::kv_seq::{Live, Sequencer};
 pub use super::kv_subscribe::{KV_RCVHWM, KvSocket, KvSubscription, open_kv_sub, subscribe};
 use crate::book::Worker;
 use crate::cache::{CacheBook, ResyncReason};
@@ -55,43 +56,29 @@ const FRUITLESS_LIMIT: u32 = 3;
 /// Live batches kept while a replay runs; past this they are dropped (and replayed later).
 const MAX_HELD: usize = 10_000;
 
-struct ReplaySocket {
-    dealer: zmq::Socket,
-    fd: RawFd,
-    deadline: Instant,
-    /// When its last message arrived.
-    last_rx: Instant,
-    /// No replayed batch seen yet.
-    first: bool,
-    /// It did not cover what was missing.
-    failed: bool,
-    /// A batch inside it was lost (the engine's ROUTER sheds at its HWM): ask again from there.
-    truncated: bool,
-}
-
-struct Stream {
-    id: u64,
-    book: Arc<CacheBook>,
-    worker: Arc<Worker>,
+pub(super) struct Stream {
+    pub(super) id: u64,
+    pub(super) book: Arc<CacheBook>,
+    pub(super) worker: Arc<Worker>,
     /// The load stream's restart count of this rank, as last seen.
-    load_restarts: u64,
-    k: KvSocket,
-    fd: RawFd,
-    seq: Sequencer,
-    replay: Option<ReplaySocket>,
-    held: VecDeque<(i64, Vec<u8>)>,
-    backoff_until: Option<Instant>,
-    fruitless: u32,
-    last_rx: Instant,
+    pub(super) load_restarts: u64,
+    pub(super) k: KvSocket,
+    pub(super) fd: RawFd,
+    pub(super) seq: Sequencer,
+    pub(super) replay: Option<ReplaySocket>,
+    pub(super) held: VecDeque<(i64, Vec<u8>)>,
+    pub(super) backoff_until: Option<Instant>,
+    pub(super) fruitless: u32,
+    pub(super) last_rx: Instant,
 }
 
-fn digest(bytes: &[u8]) -> u64 {
+pub(super) fn digest(bytes: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     h.write(bytes);
     h.finish()
 }
 
-fn readable(s: &zmq::Socket) -> bool {
+pub(super) fn readable(s: &zmq::Socket) -> bool {
     s.get_events().is_ok_and(|e| e.contains(zmq::POLLIN))
 }
 
@@ -318,7 +305,7 @@ impl Stream {
     }
 
     /// Decodes and applies one batch; a malformed one is counted and leaves the view incomplete.
-    fn apply(&mut self, seq: i64, payload: &[u8], live: bool) {
+    pub(super) fn apply(&mut self, seq: i64, payload: &[u8], live: bool) {
         match decode_kv_batch(payload) {
             Ok(batch) => self.book.apply(self.k.slot, &batch),
             Err(e) => {
@@ -331,177 +318,14 @@ impl Stream {
         self.k.stats.last_seq.store(seq, Relaxed);
     }
 
-    fn resync(&mut self, why: ResyncReason, stale: bool) {
+    pub(super) fn resync(&mut self, why: ResyncReason, stale: bool) {
         self.k.stats.resyncs.fetch_add(1, Relaxed);
         self.book.resync(self.k.slot, why, stale);
         self.k.stats.last_seq.store(-1, Relaxed);
     }
 
-    /// Opens a DEALER and asks for the batches from the sequencer's start; false without one.
-    fn start_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
-        let Some(ep) = self.k.replay_endpoint.as_deref() else {
-            return false;
-        };
-        let opened = ctx.dealer_socket().and_then(|d| {
-            d.set_linger(0)?;
-            d.set_rcvhwm(0)?;
-            d.set_maxmsgsize(crate::subscribe::MAX_MSG_BYTES)?;
-            d.connect(ep)?;
-            let fd = d.get_fd()?;
-            Ok((d, fd))
-        });
-        let (dealer, fd) = match opened {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(
-                    rank = self.k.rank,
-                    "cannot open a replay socket to {ep}: {e}"
-                );
-                return false;
-            }
-        };
-        let start = self.seq.begin_replay();
-        let sent = dealer.send_multipart([&b""[..], &start.to_be_bytes()], zmq::DONTWAIT);
-        if sent.is_err() || epoll.add(fd, REPLAY_TAG | i as u64).is_err() {
-            self.seq.abort_replay();
-            return false;
-        }
-        self.k.stats.replays.fetch_add(1, Relaxed);
-        self.book.counters.replays_requested.fetch_add(1, Relaxed);
-        self.replay = Some(ReplaySocket {
-            dealer,
-            fd,
-            deadline: Instant::now() + REPLAY_TIMEOUT,
-            last_rx: Instant::now(),
-            first: true,
-            failed: false,
-            truncated: false,
-        });
-        self.drain_replay(epoll, ctx, i);
-        true
-    }
-
-    fn close_replay(&mut self, epoll: &Epoll) {
-        if let Some(r) = self.replay.take() {
-            epoll.remove(r.fd);
-        }
-    }
-
-    fn drain_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        loop {
-            let Some(r) = &mut self.replay else { return };
-            match r.dealer.recv_multipart(zmq::DONTWAIT) {
-                Ok(frames) => {
-                    r.last_rx = Instant::now();
-                    let [empty, _topic, seq, payload] = &frames[..] else {
-                        self.book.counters.decode_errors.fetch_add(1, Relaxed);
-                        continue;
-                    };
-                    let Ok(seq) = <[u8; 8]>::try_from(&seq[..]).map(i64::from_be_bytes) else {
-                        self.book.counters.decode_errors.fetch_add(1, Relaxed);
-                        continue;
-                    };
-                    if !empty.is_empty() {
-                        self.book.counters.decode_errors.fetch_add(1, Relaxed);
-                    } else if seq == -1 {
-                        return self.finish_replay(epoll, ctx, i);
-                    } else {
-                        self.on_replayed(epoll, ctx, i, seq, payload);
-                    }
-                }
-                Err(zmq::Error::EAGAIN) if readable(&r.dealer) => continue,
-                Err(_) => return,
-            }
-        }
-    }
-
-    fn on_replayed(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize, seq: i64, p: &[u8]) {
-        let first = self
-            .replay
-            .as_mut()
-            .is_some_and(|r| std::mem::take(&mut r.first));
-        match self.seq.replayed(seq, digest(p)) {
-            Replayed::Apply => self.apply(seq, p, false),
-            Replayed::Skip => {}
-            Replayed::Restart => {
-                tracing::info!(
-                    rank = self.k.rank,
-                    "KV-event stream: a new engine behind the gap"
-                );
-                self.close_replay(epoll);
-                self.seq.abort_replay();
-                self.resync(ResyncReason::Restart, false);
-                self.seq.reset();
-                if !self.start_replay(epoll, ctx, i) {
-                    self.seq.accept_any_next();
-                    self.flush_held(epoll, ctx, i);
-                }
-            }
-            Replayed::NotCovered if first => {
-                if let Some(r) = &mut self.replay {
-                    r.failed = true;
-                }
-                self.book.counters.replays_failed.fetch_add(1, Relaxed);
-                self.resync(ResyncReason::GapNotCovered, seq > 0);
-                self.seq.restart_at(seq);
-                self.apply(seq, p, false);
-            }
-            // A batch lost inside the replay itself: the rest comes with the next replay.
-            Replayed::NotCovered => {
-                if let Some(r) = &mut self.replay {
-                    r.truncated = true;
-                }
-            }
-        }
-    }
-
-    /// The replay answered, then went silent without its end marker: cut short (see
-    /// [`REPLAY_IDLE`]); finish it as truncated, which asks for the rest.
-    fn replay_stalled(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        if let Some(r) = &mut self.replay {
-            r.truncated = true;
-            r.failed = true; // not a success: it never ended
-        }
-        self.book.counters.replays_cut_short.fetch_add(1, Relaxed);
-        self.finish_replay(epoll, ctx, i);
-    }
-
-    fn finish_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        let (failed, truncated) = self
-            .replay
-            .as_ref()
-            .map_or((false, false), |r| (r.failed, r.truncated));
-        self.close_replay(epoll);
-        if !failed {
-            self.book.counters.replays_succeeded.fetch_add(1, Relaxed);
-        }
-        if self.seq.end_replay() {
-            self.fruitless = 0;
-            if truncated && self.start_replay(epoll, ctx, i) {
-                return; // the held batches wait for the rest
-            }
-        } else {
-            self.fruitless += 1;
-        }
-        self.flush_held(epoll, ctx, i);
-    }
-
-    fn replay_timed_out(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        tracing::warn!(
-            rank = self.k.rank,
-            "KV-event replay timed out; resyncing without it"
-        );
-        self.close_replay(epoll);
-        self.seq.abort_replay();
-        self.book.counters.replays_failed.fetch_add(1, Relaxed);
-        self.resync(ResyncReason::ReplayFailed, true);
-        self.seq.accept_any_next();
-        self.backoff_until = Some(Instant::now() + REPLAY_BACKOFF);
-        self.flush_held(epoll, ctx, i);
-    }
-
     /// Passes the batches held during a replay through the live rules, oldest first.
-    fn flush_held(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+    pub(super) fn flush_held(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
         let held = std::mem::take(&mut self.held);
         for (seq, p) in held {
             self.on_live(epoll, ctx, i, seq, p);

@@ -125,16 +125,16 @@ impl Sequencer {
         let Some(r) = &mut self.replay else {
             return Replayed::Skip;
         };
-        if let Some((vseq, vdigest)) = r.verify.take() {
-            if seq == vseq {
-                return if digest == vdigest {
-                    Replayed::Skip
-                } else {
-                    Replayed::Restart
-                };
-            }
-            // The buffer no longer holds the overlap batch: continuity cannot be checked; carry
-            // on by seq.
+        // Without the overlap batch (the buffer no longer holds it) continuity cannot be
+        // checked: carry on by seq.
+        if let Some((vseq, vdigest)) = r.verify.take()
+            && seq == vseq
+        {
+            return if digest == vdigest {
+                Replayed::Skip
+            } else {
+                Replayed::Restart
+            };
         }
         let expected = self.expected();
         if seq < expected {

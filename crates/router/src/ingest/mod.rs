@@ -19,6 +19,7 @@
 pub mod drain;
 mod epoll;
 pub mod kv;
+mod kv_replay;
 mod kv_seq;
 mod kv_subscribe;
 pub mod stats;
