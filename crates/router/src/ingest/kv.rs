@@ -53,6 +53,13 @@ pub const REPLAY_IDLE: Duration = Duration::from_millis(100);
 pub const REPLAY_BACKOFF: Duration = Duration::from_secs(5);
 /// Replays in a row that bring nothing new before gaps are resynced without one.
 const FRUITLESS_LIMIT: u32 = 3;
+/// Probe replays after a (re)subscription, until a live batch arrives: the first after this, each
+/// next after twice the interval, none past [`PROBE_LAST`]. PUB/SUB drops what is published before
+/// the SUB's connection is up; on a stream that then goes quiet no later batch would reveal the
+/// gap, so the router asks the replay socket itself a few times while the connection comes up.
+pub const PROBE_FIRST: Duration = Duration::from_secs(1);
+/// The longest probe interval; probing stops after it.
+pub const PROBE_LAST: Duration = Duration::from_secs(16);
 /// Live batches kept while a replay runs; past this they are dropped (and replayed later).
 const MAX_HELD: usize = 10_000;
 
@@ -69,6 +76,9 @@ pub(super) struct Stream {
     pub(super) held: VecDeque<(i64, Vec<u8>)>,
     pub(super) backoff_until: Option<Instant>,
     pub(super) fruitless: u32,
+    /// Until a live batch proves the SUB connected: when to ask the replay socket again (see
+    /// [`PROBE_FIRST`]), and the interval after that.
+    pub(super) probe: Option<(Instant, Duration)>,
     pub(super) last_rx: Instant,
 }
 
@@ -130,8 +140,10 @@ impl KvStreams {
                 held: VecDeque::new(),
                 backoff_until: None,
                 fruitless: 0,
+                probe: None,
                 last_rx: Instant::now(),
             };
+            s.schedule_probes();
             s.load_restarts = s.load_restarts_now();
             s.start_replay(epoll, ctx, i);
             s.drain_live(epoll, ctx, i);
@@ -189,10 +201,12 @@ impl KvStreams {
         running
     }
 
-    /// The once-a-second sweep: drains quiet sockets (a missed edge) and follows load restarts.
+    /// The once-a-second sweep: drains quiet sockets (a missed edge), follows load restarts, and
+    /// sends due probe replays.
     pub fn sweep(&mut self, epoll: &Epoll, ctx: &FleetContext, quiet: Duration) {
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
+            s.probe_if_due(epoll, ctx, i);
             if s.last_rx.elapsed() >= quiet {
                 s.drain_live(epoll, ctx, i);
             }
@@ -202,6 +216,28 @@ impl KvStreams {
 }
 
 impl Stream {
+    /// Starts the probe schedule (a new subscription, or the SUB reconnecting to a new engine).
+    fn schedule_probes(&mut self) {
+        if self.k.replay_endpoint.is_some() {
+            self.probe = Some((Instant::now() + PROBE_FIRST, PROBE_FIRST));
+        }
+    }
+
+    fn probe_if_due(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        let Some((at, every)) = self.probe else {
+            return;
+        };
+        if Instant::now() < at || self.replay.is_some() {
+            return;
+        }
+        self.probe = (every < PROBE_LAST).then(|| (Instant::now() + 2 * every, 2 * every));
+        if self.can_replay() && self.start_replay(epoll, ctx, i) {
+            if let Some(r) = &mut self.replay {
+                r.probe = true;
+            }
+        }
+    }
+
     fn load_restarts_now(&self) -> u64 {
         let rank = self.k.rank as usize;
         self.worker
@@ -225,6 +261,7 @@ impl Stream {
         self.seq.abort_replay();
         self.resync(ResyncReason::Restart, false);
         self.seq.reset();
+        self.schedule_probes();
         if !self.start_replay(epoll, ctx, i) {
             self.seq.accept_any_next();
             self.flush_held(epoll, ctx, i);
@@ -257,6 +294,7 @@ impl Stream {
             Live::Apply => {
                 self.apply(seq, &p, true);
                 self.fruitless = 0;
+                self.probe = None; // the SUB is connected: later batches come live
             }
             Live::Duplicate => {
                 self.book.counters.duplicates.fetch_add(1, Relaxed);

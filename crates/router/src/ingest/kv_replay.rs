@@ -24,6 +24,8 @@ pub(super) struct ReplaySocket {
     pub(super) failed: bool,
     /// A batch inside it was lost (the engine's ROUTER sheds at its HWM): ask again from there.
     pub(super) truncated: bool,
+    /// Asked for while the SUB may still be connecting (not because of a gap).
+    pub(super) probe: bool,
 }
 
 impl Stream {
@@ -66,6 +68,7 @@ impl Stream {
             first: true,
             failed: false,
             truncated: false,
+            probe: false,
         });
         self.drain_replay(epoll, ctx, i);
         true
@@ -164,10 +167,10 @@ impl Stream {
     }
 
     pub(super) fn finish_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        let (failed, truncated) = self
+        let (failed, truncated, probe) = self
             .replay
             .as_ref()
-            .map_or((false, false), |r| (r.failed, r.truncated));
+            .map_or((false, false, false), |r| (r.failed, r.truncated, r.probe));
         self.close_replay(epoll);
         if !failed {
             self.book.counters.replays_succeeded.fetch_add(1, Relaxed);
@@ -178,7 +181,8 @@ impl Stream {
                 return; // the held batches wait for the rest
             }
         } else {
-            self.fruitless += 1;
+            // A probe that finds nothing new is what a probe is for, not a fruitless replay.
+            self.fruitless += u32::from(!probe);
         }
         self.flush_held(epoll, ctx, i);
     }
