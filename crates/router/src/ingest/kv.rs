@@ -231,10 +231,11 @@ impl Stream {
             return;
         }
         self.probe = (every < PROBE_LAST).then(|| (Instant::now() + 2 * every, 2 * every));
-        if self.can_replay() && self.start_replay(epoll, ctx, i) {
-            if let Some(r) = &mut self.replay {
-                r.probe = true;
-            }
+        if self.can_replay()
+            && self.start_replay(epoll, ctx, i)
+            && let Some(r) = &mut self.replay
+        {
+            r.probe = true;
         }
     }
 
