@@ -362,3 +362,73 @@ async fn a_replay_longer_than_the_engines_send_hwm_is_continued() {
         .await
         .unwrap();
 }
+
+/// A replay endpoint that never answers: the replay fails after its timeout, the rank is cleared
+/// and marked incomplete, and live batches are indexed from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_never_answers_fails_and_live_batches_still_count() {
+    use loadlink_publish::{KvEventPublisher, KvPublisherConfig};
+    use loadlink_router::cache::{CacheBook, ResyncReason};
+    use loadlink_router::fleet::{Discovery, Fleet};
+    use loadlink_wire::descriptor::KvStreamEndpoint;
+    use loadlink_wire::discovery::KvStreams;
+    use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::Relaxed;
+    // Two ports: the PUB, and a replay port nothing listens on.
+    let base = loadlink_publish::free_port_block(2).unwrap();
+    let ctx = zmq::Context::new();
+    let publisher = KvEventPublisher::bind(
+        &ctx,
+        KvPublisherConfig::new(format!("tcp://127.0.0.1:{base}")),
+    )
+    .unwrap();
+    let book = Arc::new(CacheBook::default());
+    let fleet = Fleet::with_cache(1, book.clone());
+    let kv = KvStreams {
+        block_size: 4,
+        topic: String::new(),
+        endpoints: vec![KvStreamEndpoint {
+            rank: 0,
+            endpoint: format!("tcp://127.0.0.1:{base}"),
+            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
+        }],
+    };
+    let d = Discovery {
+        endpoints: Vec::new(),
+        no_load_reason: Some("a bare KV publisher".into()),
+        kv: Ok(kv),
+    };
+    let w = fleet.add("http://127.0.0.1:9", d);
+    let b = book.clone();
+    wait_for("the initial replay to fail", 10, || {
+        let n = b.counters.replays_failed.load(Relaxed);
+        async move { n >= 1 }
+    })
+    .await;
+    let failed = ResyncReason::ReplayFailed as usize;
+    assert_eq!(book.counters.resyncs[failed].load(Relaxed), 1);
+    let mut next = 0;
+    let b = book.clone();
+    wait_for("live batches indexed", 10, || {
+        next += 1;
+        let stored = KvEvent::Stored(BlockStored {
+            block_hashes: vec![next],
+            block_size: 4,
+            ..Default::default()
+        });
+        publisher.publish(KvEventBatch {
+            ts: 1.0,
+            events: vec![stored],
+            attn_dp_rank: None,
+        });
+        let n = b.blocks();
+        async move { n >= 1 }
+    })
+    .await;
+    let (view, _) = book.worker_json(&w);
+    assert_eq!(view["needs_resync"], json!(true), "{view}");
+    tokio::task::spawn_blocking(move || fleet.remove("http://127.0.0.1:9"))
+        .await
+        .unwrap();
+}

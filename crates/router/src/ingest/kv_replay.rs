@@ -188,15 +188,16 @@ impl Stream {
     }
 
     pub(super) fn replay_timed_out(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        tracing::warn!(
-            rank = self.k.rank,
-            "KV-event replay timed out; resyncing without it"
-        );
+        let probe = self.replay.as_ref().is_some_and(|r| r.probe);
+        tracing::warn!(rank = self.k.rank, probe, "KV-event replay timed out");
         self.close_replay(epoll);
         self.seq.abort_replay();
         self.book.counters.replays_failed.fetch_add(1, Relaxed);
-        self.resync(ResyncReason::ReplayFailed, true);
-        self.seq.accept_any_next();
+        // A probe was not covering a known gap: what the slot holds stays valid.
+        if !probe {
+            self.resync(ResyncReason::ReplayFailed, true);
+            self.seq.accept_any_next();
+        }
         self.backoff_until = Some(Instant::now() + REPLAY_BACKOFF);
         self.flush_held(epoll, ctx, i);
     }
