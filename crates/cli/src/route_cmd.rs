@@ -70,6 +70,11 @@ pub struct RouteArgs {
     /// hundreds of thousands of messages a second).
     #[arg(long, default_value_t = 1)]
     ingest_threads: usize,
+    /// Bound on distinct KV blocks in the router's cache index (fed by workers' KV-event
+    /// streams). Past it new blocks are dropped and counted (loadlink_kv_index_dropped_blocks_total)
+    /// and their ranks marked for resync; about 100 bytes per block.
+    #[arg(long, default_value_t = loadlink_router::cache::DEFAULT_MAX_BLOCKS)]
+    kv_index_max_blocks: usize,
     /// `GET /server_info` discoveries in flight at once at start.
     #[arg(long, default_value_t = 32)]
     discovery_concurrency: usize,
@@ -157,6 +162,7 @@ pub fn run(a: RouteArgs) -> Result<()> {
         breaker_cooldown_ms: a.breaker_cooldown_ms,
         health_interval_ms: a.health_interval_ms,
         ingest_threads: a.ingest_threads.max(1),
+        kv_index_max_blocks: a.kv_index_max_blocks.max(1),
         discovery_concurrency: a.discovery_concurrency.max(1),
         admin_token: a.admin_token,
         membership: MembershipConfig {

@@ -271,6 +271,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/model_info", get(model_info))
         .route("/get_load", get(get_load))
         .route("/flush_cache", post(crate::routes::flush_cache))
+        .route("/cache_blocks", get(crate::routes::cache_blocks))
         .route("/v1/loads", get(loads))
         .route("/metrics", get(crate::metrics::metrics))
         .fallback(|| async {

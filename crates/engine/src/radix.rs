@@ -331,6 +331,11 @@ impl PrefixCache {
         std::mem::take(&mut self.events)
     }
 
+    /// Every cached page's hash, in no order (the `/cache_blocks` debug route).
+    pub fn block_hashes(&self) -> impl Iterator<Item = i64> + '_ {
+        self.nodes.keys().copied()
+    }
+
     /// Whether `hash` is cached (tests, and the model's own consistency checks).
     pub fn contains(&self, hash: i64) -> bool {
         self.nodes.contains_key(&hash)

@@ -52,6 +52,8 @@ pub struct RankHandle {
     pub cache: Arc<CacheCounters>,
     /// The KV-event publisher's counters, when this rank publishes KV events.
     pub kv_events: Option<Arc<KvPublisherStats>>,
+    /// The rank's scheduler, for read-only debug routes (`/cache_blocks`).
+    pub scheduler: Arc<Mutex<Scheduler>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -103,6 +105,7 @@ pub fn spawn(
     let steps = Arc::new(AtomicU64::new(0));
     let steps2 = steps.clone();
     let kv_events = kv.as_ref().map(KvEventPublisher::stats);
+    let shared = scheduler.clone();
     let mut turns = RankLoop::new(scheduler, publisher, point, virtual_now);
     turns.kv = kv.map(|p| (rank, p));
     let cache = turns.cache.clone();
@@ -117,6 +120,7 @@ pub fn spawn(
         steps,
         cache,
         kv_events,
+        scheduler: shared,
         thread: Mutex::new(Some(thread)),
     }
 }

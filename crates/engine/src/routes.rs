@@ -182,6 +182,24 @@ pub(crate) async fn flush_cache(State(st): State<Arc<AppState>>) -> Response {
     (StatusCode::OK, "Cache flushed.\n").into_response()
 }
 
+/// `GET /cache_blocks` (debug): every rank's cached page hashes, sorted, as
+/// `{"ranks": [{"dp_rank", "block_size", "blocks": [...]}]}`. What a KV-event subscriber's index
+/// must converge to; the router's KV-index tests compare with it.
+pub(crate) async fn cache_blocks(State(st): State<Arc<AppState>>) -> Response {
+    let ranks: Vec<Value> = st
+        .ranks
+        .iter()
+        .map(|r| {
+            let (blocks, page) = match r.scheduler.lock() {
+                Ok(s) => (s.cached_blocks(), s.config().page_size),
+                Err(_) => (Vec::new(), 0),
+            };
+            json!({"dp_rank": r.rank, "block_size": page, "blocks": blocks})
+        })
+        .collect();
+    axum::Json(json!({ "ranks": ranks })).into_response()
+}
+
 pub(crate) async fn get_load(State(st): State<Arc<AppState>>) -> Response {
     let loads: Vec<Value> = st
         .dispatcher

@@ -1,6 +1,8 @@
 //! The admin API and the worker list: `GET /workers` (open, also fed to the dashboard), and
 //! `POST /workers` / `DELETE /workers?url=` to change the fleet at runtime. Changes need the bearer
 //! token from `--admin-token`; without one they are refused, so a router is never open by accident.
+//! Each worker shows its KV-index figures under `kv_events` (null, with `no_kv_events_reason`, for
+//! a worker without a KV-event stream).
 
 use crate::book::Worker;
 use crate::fleet::{discover, validate_url};
@@ -17,6 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 /// One worker as `/workers` shows it: its load and source, breaker and health, and per rank.
 pub fn worker_json(st: &AppState, w: &Worker) -> Value {
     let l = w.load(st.cfg.load_signal, st.cfg.freshness_ms);
+    let (kv_events, no_kv_events_reason) = st.cache.worker_json(w);
     json!({
         "url": w.url,
         "dp_size": w.ranks.len(),
@@ -29,6 +32,8 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "healthy": w.healthy.load(Relaxed),
         "breaker_open": w.breaker_open(),
         "no_load_reason": w.no_load_reason,
+        "kv_events": kv_events,
+        "no_kv_events_reason": no_kv_events_reason,
         "ranks": w.ranks.iter().map(|r| json!({
             "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
             "token_usage": f64::from_bits(r.token_usage_bits.load(Relaxed)),

@@ -31,6 +31,8 @@ pub struct RouterConfig {
     pub discovery_concurrency: usize,
     /// Threads that receive every load subscription (`--ingest-threads`).
     pub ingest_threads: usize,
+    /// Bound on distinct blocks in the KV index (`--kv-index-max-blocks`).
+    pub kv_index_max_blocks: usize,
     pub admin_token: Option<String>,
     /// Workers from a watched file and DNS, besides `worker_urls`.
     pub membership: MembershipConfig,
@@ -57,6 +59,7 @@ impl Default for RouterConfig {
             discovery_attempts: 5,
             discovery_concurrency: 32,
             ingest_threads: 1,
+            kv_index_max_blocks: crate::cache::DEFAULT_MAX_BLOCKS,
             admin_token: None,
             membership: MembershipConfig {
                 dns_interval_ms: 5000,

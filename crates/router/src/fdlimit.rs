@@ -5,6 +5,10 @@
 //! connection, so three descriptors per rank (measured: 2,511 for 800 ranks). On top: one pooled HTTP connection per worker, and a
 //! fixed reserve for listeners, clients, libzmq's I/O threads and the runtime. An operator reads
 //! the same arithmetic in `docs/router.md`.
+//!
+//! A rank that also publishes KV events costs another SUB (three more descriptors) and, while a
+//! replay runs, a DEALER (three more): [`FDS_PER_KV_RANK`] budgets both, so a fleet-wide resync
+//! (every stream replaying at once, e.g. when the router starts) still fits.
 
 /// Descriptors kept for everything that is not per worker.
 pub const FD_RESERVE: u64 = 1024;
@@ -12,15 +16,23 @@ pub const FD_RESERVE: u64 = 1024;
 /// Descriptors per rank subscription.
 pub const FDS_PER_RANK: u64 = 3;
 
+/// Descriptors per KV-event rank: its SUB, and its replay DEALER while a replay runs.
+pub const FDS_PER_KV_RANK: u64 = 2 * FDS_PER_RANK;
+
 /// Descriptors a fleet of `workers` workers with `ranks` load subscriptions in all needs.
 pub fn descriptors_needed(workers: usize, ranks: usize) -> u64 {
     FDS_PER_RANK * ranks as u64 + workers as u64 + FD_RESERVE
 }
 
+/// [`descriptors_needed`] plus `kv_ranks` KV-event streams.
+pub fn descriptors_needed_with_kv(workers: usize, ranks: usize, kv_ranks: usize) -> u64 {
+    descriptors_needed(workers, ranks) + FDS_PER_KV_RANK * kv_ranks as u64
+}
+
 /// Why the router cannot hold its fleet's sockets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the fleet needs {needed} file descriptors ({FDS_PER_RANK} per rank subscription + 1 per worker + {FD_RESERVE}) but the hard limit is {hard} and this process may not raise it; raise it (ulimit -Hn, systemd LimitNOFILE=, or the container's nofile ulimit) to at least {needed}"
+    "the fleet needs {needed} file descriptors ({FDS_PER_RANK} per rank subscription + {FDS_PER_KV_RANK} per KV-event rank + 1 per worker + {FD_RESERVE}) but the hard limit is {hard} and this process may not raise it; raise it (ulimit -Hn, systemd LimitNOFILE=, or the container's nofile ulimit) to at least {needed}"
 )]
 pub struct FdLimitError {
     pub needed: u64,
@@ -63,6 +75,10 @@ mod tests {
     #[test]
     fn arithmetic_and_refusal() {
         assert_eq!(descriptors_needed(1000, 8000), 24_000 + 1000 + FD_RESERVE);
+        assert_eq!(
+            descriptors_needed_with_kv(1000, 8000, 8000),
+            24_000 + 48_000 + 1000 + FD_RESERVE
+        );
         let (_, hard) = current().unwrap();
         let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
             .ok()

@@ -2,8 +2,14 @@
 //! `loadlink_wire::discovery`), one subscription per worker (served by [`crate::ingest`]),
 //! add/remove at runtime. The request
 //! path reads the set through an `ArcSwap` (no lock); changes build a new list and swap it in.
+//!
+//! The same discovery names each worker's KV-event streams; they are subscribed on the same
+//! ingest thread as its load sockets and feed the fleet's [`CacheBook`], which gives each
+//! (worker, rank) a slot at `add` and clears it at `remove`.
 
 use crate::book::{LoadSignal, Worker};
+use crate::cache::CacheBook;
+use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, SubscriptionId};
 use crate::policy::View;
@@ -15,7 +21,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::descriptor::LoadEndpoint;
-use loadlink_wire::discovery::{NoLoad, load_endpoints, worker_url};
+use loadlink_wire::discovery::{KvStreams, NoLoad, kv_streams, load_endpoints, worker_url};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -41,6 +47,30 @@ pub struct Discovery {
     /// Why the worker is priced on in-flight only (no range — with the engine's own reason when it
     /// gives one —, no descriptor, or discovery failed).
     pub no_load_reason: Option<String>,
+    /// Its KV-event streams, or why it has none (then its cache is not indexed).
+    pub kv: Result<KvStreams, String>,
+}
+
+impl Discovery {
+    /// A discovery that found nothing, for `reason`.
+    pub fn nothing(reason: String) -> Self {
+        Discovery {
+            endpoints: Vec::new(),
+            kv: Err(reason.clone()),
+            no_load_reason: Some(reason),
+        }
+    }
+
+    /// libzmq sockets its subscriptions may hold: one per load rank, and per KV rank a SUB and,
+    /// while a replay runs, a DEALER.
+    pub fn sockets(&self) -> usize {
+        self.endpoints.len() + self.kv.as_ref().map_or(0, |k| 2 * k.endpoints.len())
+    }
+
+    /// Its KV-event streams (ranks), 0 without.
+    pub fn kv_ranks(&self) -> usize {
+        self.kv.as_ref().map_or(0, |k| k.endpoints.len())
+    }
 }
 
 /// Why `GET /server_info` gave no body to interpret.
@@ -112,21 +142,20 @@ async fn fetch_once(client: &HttpClient, url: &str) -> Result<Bytes, Retry> {
 /// Discovers `url`'s load sockets: fetches `/server_info` (bounded retries) and reads it with the
 /// protocol's one discovery function. A malformed body is not retried.
 pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
-    let no_load = |reason: String| Discovery {
-        endpoints: Vec::new(),
-        no_load_reason: Some(reason),
-    };
     let body = match fetch_server_info(client, url, attempts).await {
         Ok(b) => b,
-        Err(e) => return no_load(e.to_string()),
+        Err(e) => return Discovery::nothing(e.to_string()),
     };
-    match load_endpoints(url, &body) {
-        Ok(endpoints) => Discovery {
-            endpoints,
-            no_load_reason: None,
-        },
-        Err(e @ NoLoad::Malformed(_)) => no_load(format!("{e}; not retried")),
-        Err(e) => no_load(e.to_string()),
+    let kv = kv_streams(url, &body).map_err(|e| e.to_string());
+    let (endpoints, no_load_reason) = match load_endpoints(url, &body) {
+        Ok(endpoints) => (endpoints, None),
+        Err(e @ NoLoad::Malformed(_)) => (Vec::new(), Some(format!("{e}; not retried"))),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Discovery {
+        endpoints,
+        no_load_reason,
+        kv,
     }
 }
 
@@ -145,6 +174,7 @@ pub struct Fleet {
     reserved_sockets: AtomicUsize,
     ingest_threads: usize,
     epoch: Instant,
+    cache: Arc<CacheBook>,
 }
 
 impl Default for Fleet {
@@ -156,7 +186,13 @@ impl Default for Fleet {
 impl Fleet {
     /// An empty fleet whose subscriptions will be served by `ingest_threads` threads.
     pub fn new(ingest_threads: usize) -> Self {
+        Fleet::with_cache(ingest_threads, Arc::default())
+    }
+
+    /// Like [`Fleet::new`], feeding the workers' KV-event streams into `cache`.
+    pub fn with_cache(ingest_threads: usize, cache: Arc<CacheBook>) -> Self {
         Fleet {
+            cache,
             workers: ArcSwap::from_pointee(Vec::new()),
             subs: Mutex::default(),
             ingest: OnceLock::new(),
@@ -185,6 +221,11 @@ impl Fleet {
             })
             .as_ref()
             .map_err(String::as_str)
+    }
+
+    /// The book the workers' KV-event streams feed.
+    pub fn cache(&self) -> &Arc<CacheBook> {
+        &self.cache
     }
 
     /// The ingest counters (`None` before the first subscription).
@@ -232,8 +273,9 @@ impl Fleet {
             .collect()
     }
 
-    /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks. A worker
-    /// whose sockets cannot be opened is kept, priced on in-flight, with the reason.
+    /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks (load,
+    /// and KV events when it has them). A worker whose load sockets cannot be opened is kept,
+    /// priced on in-flight, with the reason; one without KV streams is simply not indexed.
     pub fn add(&self, url: &str, d: Discovery) -> Arc<Worker> {
         let (sockets, reason) = if d.endpoints.is_empty() {
             (Vec::new(), d.no_load_reason)
@@ -252,10 +294,14 @@ impl Fleet {
             reason,
             self.epoch,
         ));
+        let kv = self.kv_subscription(&worker, d.kv);
         let sub = match self.ingest() {
-            Ok((ingest, _)) if !sockets.is_empty() => Some(ingest.add(worker.clone(), sockets)),
+            Ok((ingest, _)) if !sockets.is_empty() || kv.is_some() => {
+                Some(ingest.add(worker.clone(), sockets, kv))
+            }
             _ => None,
         };
+        let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
         let old = {
             let mut subs = self.subs.lock().unwrap_or_else(|p| p.into_inner());
             let old = subs.remove(url);
@@ -265,12 +311,38 @@ impl Fleet {
             old
         };
         self.unsubscribe(old);
+        if let Some(o) = old_worker {
+            self.cache.unregister(&o);
+        }
         self.workers.rcu(|ws| {
             let mut v: Vec<Arc<Worker>> = ws.iter().filter(|w| w.url != url).cloned().collect();
             v.push(worker.clone());
             v
         });
         worker
+    }
+
+    /// Slots and connected SUBs for `worker`'s KV streams, or `None` (with the reason recorded in
+    /// the cache book).
+    fn kv_subscription(
+        &self,
+        worker: &Arc<Worker>,
+        kv: Result<KvStreams, String>,
+    ) -> Option<KvSubscription> {
+        let opened = kv.and_then(|streams| {
+            let (_, ctx) = self
+                .ingest()
+                .map_err(|e| format!("cannot subscribe: {e}"))?;
+            crate::ingest::kv::subscribe(&self.cache, ctx, worker, &streams)
+        });
+        match opened {
+            Ok(sub) => Some(sub),
+            Err(why) => {
+                tracing::debug!(worker = %worker.url, "no KV-event stream: {why}");
+                self.cache.no_stream(&worker.url, why);
+                None
+            }
+        }
     }
 
     fn unsubscribe(&self, sub: Option<SubscriptionId>) {
@@ -282,7 +354,8 @@ impl Fleet {
     /// Removes a worker; in-flight requests on it finish normally. Returns whether it existed.
     /// Waits (bounded) until its sockets are closed.
     pub fn remove(&self, url: &str) -> bool {
-        let existed = self.contains(url);
+        let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
+        let existed = old_worker.is_some();
         self.workers.rcu(|ws| {
             ws.iter()
                 .filter(|w| w.url != url)
@@ -295,6 +368,10 @@ impl Fleet {
             .unwrap_or_else(|p| p.into_inner())
             .remove(url);
         self.unsubscribe(sub);
+        if let Some(o) = old_worker {
+            self.cache.unregister(&o);
+        }
+        self.cache.forget(url);
         existed
     }
 }

@@ -288,6 +288,7 @@ pub fn render(st: &AppState) -> String {
         Some(s) => s.write(&mut e),
         None => crate::ingest::stats::IngestStats::default().write(&mut e),
     }
+    st.cache.write_metrics(&mut e, &workers);
     e.finish()
 }
 

@@ -117,11 +117,13 @@ async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterErro
         .buffered(state.cfg.discovery_concurrency.max(1))
         .collect()
         .await;
-    let sockets: usize = discoveries.iter().map(|d| d.endpoints.len()).sum();
-    let needed = crate::fdlimit::descriptors_needed(urls.len(), sockets);
+    let ranks: usize = discoveries.iter().map(|d| d.endpoints.len()).sum();
+    let kv_ranks: usize = discoveries.iter().map(|d| d.kv_ranks()).sum();
+    let sockets: usize = discoveries.iter().map(|d| d.sockets()).sum();
+    let needed = crate::fdlimit::descriptors_needed_with_kv(urls.len(), ranks, kv_ranks);
     let soft = crate::fdlimit::ensure(needed)?;
     tracing::info!(
-        "{} workers, {sockets} load subscriptions: {needed} file descriptors needed, soft limit {soft}",
+        "{} workers, {ranks} load and {kv_ranks} KV-event subscriptions: {needed} file descriptors needed, soft limit {soft}",
         urls.len()
     );
     state.fleet.reserve(sockets);

@@ -1,18 +1,23 @@
 //! The state every handler shares (`AppState`) and the one JSON error shape the router answers
 //! with. Its own module so the proxy, the admin API and the server depend on it, not on each other.
 
+use crate::cache::CacheBook;
 use crate::config::RouterConfig;
 use crate::fleet::{Fleet, HttpClient};
 use crate::metrics::Metrics;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 /// What the router's handlers share.
 pub struct AppState {
     pub cfg: RouterConfig,
     pub fleet: Fleet,
+    /// Every worker's cached blocks, fed by their KV-event streams (the same `Arc` the fleet
+    /// registers workers in). The request path asks it for a prompt's cached tokens per worker.
+    pub cache: Arc<CacheBook>,
     pub client: HttpClient,
     /// Request sequence: seeds random policies and retry jitter.
     pub seq: AtomicU64,
@@ -25,8 +30,10 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(cfg: RouterConfig) -> Self {
+        let cache = Arc::new(CacheBook::new(cfg.kv_index_max_blocks));
         AppState {
-            fleet: Fleet::new(cfg.ingest_threads),
+            fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone()),
+            cache,
             cfg,
             client: crate::fleet::http_client(),
             seq: AtomicU64::new(0),

@@ -59,7 +59,16 @@ impl FleetContext {
 
     /// A new SUB socket (`EMFILE` once the limit is reached).
     pub fn sub_socket(&self) -> zmq::Result<zmq::Socket> {
-        let s = unsafe { zmq_sys::zmq_socket(self.raw, zmq_sys::ZMQ_SUB as c_int) };
+        self.socket(zmq_sys::ZMQ_SUB)
+    }
+
+    /// A new DEALER socket (a KV-event replay request), like [`FleetContext::sub_socket`].
+    pub fn dealer_socket(&self) -> zmq::Result<zmq::Socket> {
+        self.socket(zmq_sys::ZMQ_DEALER)
+    }
+
+    fn socket(&self, kind: u32) -> zmq::Result<zmq::Socket> {
+        let s = unsafe { zmq_sys::zmq_socket(self.raw, kind as c_int) };
         if s.is_null() {
             return Err(last_error());
         }

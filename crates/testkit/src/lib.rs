@@ -13,6 +13,9 @@
 //! * [`http`]: the requests every suite sends (a completion, a page as JSON or text), checking
 //!   the status and naming the URL on failure.
 //! * [`pub_sink`]: the PUB load socket a test binds when it plays the engine.
+//! * [`kv_sync`]: a KV-publishing engine with replay, its `/cache_blocks`, a wait until a
+//!   router's KV index equals it, and a cuttable TCP relay with a `/server_info` front (to make a
+//!   router miss batches on purpose).
 //! * [`replay`]: asks a KV-event publisher's replay socket for its buffered batches.
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
@@ -21,6 +24,7 @@
 pub mod engine;
 pub mod http;
 pub mod kv;
+pub mod kv_sync;
 pub mod metrics;
 pub mod pub_sink;
 pub mod replay;
@@ -31,6 +35,10 @@ pub mod wait;
 pub use engine::{engine, publishing_engine};
 pub use http::{complete, complete_ok, get_json, get_text, post, post_json};
 pub use kv::KvEvents;
+pub use kv_sync::{
+    KvEngine, TcpRelay, engine_blocks, kv_engine, kv_engine_config, router_blocks,
+    server_info_front, wait_index_matches,
+};
 pub use metrics::scrape;
 pub use pub_sink::snapshot_pub;
 pub use replay::{Replayed, replay};

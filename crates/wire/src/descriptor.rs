@@ -31,6 +31,15 @@ pub struct KvEventsDescriptor {
     pub replay_endpoint_port_base: Option<u16>,
 }
 
+/// One rank's KV-event stream a subscriber should dial: the PUB (`endpoint_port_base + rank`) and,
+/// when the engine advertises one, its replay ROUTER (`replay_endpoint_port_base + rank`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvStreamEndpoint {
+    pub rank: u32,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+}
+
 /// One load socket a subscriber should dial.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadEndpoint {
@@ -141,6 +150,41 @@ impl KvEventsDescriptor {
         }
     }
 
+    /// The host a KV-event subscriber dials: `endpoint_host` when the engine bound a concrete
+    /// host (it listens there only), else — a wildcard — the worker URL's host.
+    fn kv_host<'a>(&'a self, worker_host: &'a str) -> &'a str {
+        let advertised = self
+            .endpoint_host
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        match advertised {
+            "" | "*" | "0.0.0.0" | "::" => {
+                worker_host.trim_start_matches('[').trim_end_matches(']')
+            }
+            concrete => concrete,
+        }
+    }
+
+    /// One KV-event stream per DP rank (see [`KvStreamEndpoint`]); `None` when a rank's port
+    /// would run past 65535.
+    pub fn kv_endpoints(&self, worker_host: &str) -> Option<Vec<KvStreamEndpoint>> {
+        let host = self.kv_host(worker_host);
+        let port = |base: u16, rank: u32| u16::try_from(base as u32 + rank).ok();
+        (0..self.dp_size)
+            .map(|rank| {
+                let replay = match self.replay_endpoint_port_base {
+                    Some(b) => Some(tcp_endpoint(host, port(b, rank)?)),
+                    None => None,
+                };
+                Some(KvStreamEndpoint {
+                    rank,
+                    endpoint: tcp_endpoint(host, port(self.endpoint_port_base, rank)?),
+                    replay_endpoint: replay,
+                })
+            })
+            .collect()
+    }
+
     /// One endpoint per DP rank, dialing `worker_host` (the worker URL's host); empty when the
     /// engine does not report load.
     pub fn load_endpoints(&self, worker_host: &str) -> Vec<LoadEndpoint> {
@@ -194,6 +238,30 @@ mod tests {
         let bad = br#"{"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":"x","topic":"","block_size":16,"dp_size":2}}"#;
         let e = parse_server_info(bad).unwrap_err().to_string();
         assert!(e.contains("kv_events") && e.contains("u16"), "{e}");
+    }
+
+    #[test]
+    fn kv_streams_per_rank_with_replay() {
+        let body =
+            br#"{"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,
+            "topic":"","block_size":16,"dp_size":2,"replay_endpoint_port_base":5600}}"#;
+        let d = parse_server_info(body).unwrap().unwrap();
+        let eps = d.kv_endpoints("[::1]").unwrap();
+        assert_eq!(eps[1].endpoint, "tcp://[::1]:5558");
+        assert_eq!(eps[1].replay_endpoint.as_deref(), Some("tcp://[::1]:5601"));
+        let concrete = KvEventsDescriptor {
+            endpoint_host: "10.0.0.7".into(),
+            replay_endpoint_port_base: None,
+            ..d.clone()
+        };
+        let eps = concrete.kv_endpoints("node-1").unwrap();
+        assert_eq!(eps[0].endpoint, "tcp://10.0.0.7:5557");
+        assert_eq!(eps[0].replay_endpoint, None);
+        let edge = KvEventsDescriptor {
+            endpoint_port_base: 65535,
+            ..d
+        };
+        assert_eq!(edge.kv_endpoints("h"), None, "rank 1 would be port 65536");
     }
 
     #[test]

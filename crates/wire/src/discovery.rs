@@ -7,8 +7,12 @@
 //! to the descriptor parser, with no I/O, and both callers share it. The worker-URL rules (scheme,
 //! no path, the host to dial) live here too, for the same reason: the host a subscriber dials is
 //! part of the discovery contract ("dial the worker URL's host, never `endpoint_host`").
+//!
+//! The same body also names the worker's KV-event streams ([`kv_streams`]): one PUB per DP rank
+//! and, when advertised, its replay socket, plus the block size the hashes are taken over. A
+//! worker without them is not an error: it simply has no precise cache view.
 
-use crate::descriptor::{DescriptorError, LoadEndpoint, descriptor_of};
+use crate::descriptor::{DescriptorError, KvStreamEndpoint, LoadEndpoint, descriptor_of};
 use thiserror::Error;
 
 /// The `/server_info` field in which an engine says why it declined its load range (absent or
@@ -97,6 +101,54 @@ pub fn load_endpoints(worker_url: &str, server_info: &[u8]) -> Result<Vec<LoadEn
     Ok(endpoints)
 }
 
+/// A worker's KV-event streams: what a cache index subscribes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvStreams {
+    /// Tokens per block (page): the hashes in the stream are taken over pages of this size.
+    pub block_size: u64,
+    /// The topic the PUB sockets publish on (SGLang's default: empty).
+    pub topic: String,
+    /// One per DP rank, rank order.
+    pub endpoints: Vec<KvStreamEndpoint>,
+}
+
+/// Why a worker has no KV-event stream to subscribe to.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NoKv {
+    #[error("{0}")]
+    Malformed(#[from] DescriptorError),
+    #[error("the worker advertises no KV events (kv_events is null or absent)")]
+    NoKvEvents,
+    #[error("the worker's KV-event publisher is {0:?}, not zmq")]
+    NotZmq(String),
+    #[error("/server_info.kv_events.block_size: expected a positive integer, got {0}")]
+    BlockSize(i64),
+    #[error("/server_info.kv_events: a rank's KV or replay port runs past 65535")]
+    PortOverflow,
+}
+
+/// The KV-event streams of the worker at `worker_url` whose `/server_info` body is `server_info`.
+pub fn kv_streams(worker_url: &str, server_info: &[u8]) -> Result<KvStreams, NoKv> {
+    let doc: serde_json::Value =
+        serde_json::from_slice(server_info).map_err(|e| DescriptorError::Json(e.to_string()))?;
+    let d = descriptor_of(&doc)?.ok_or(NoKv::NoKvEvents)?;
+    if d.publisher != "zmq" {
+        return Err(NoKv::NotZmq(d.publisher));
+    }
+    let block_size = u64::try_from(d.block_size)
+        .ok()
+        .filter(|b| *b > 0)
+        .ok_or(NoKv::BlockSize(d.block_size))?;
+    let endpoints = d
+        .kv_endpoints(worker_host(worker_url))
+        .ok_or(NoKv::PortOverflow)?;
+    Ok(KvStreams {
+        block_size,
+        topic: d.topic,
+        endpoints,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +184,43 @@ mod tests {
         let dialed: Vec<_> = eps.iter().map(|e| (e.rank, e.endpoint.as_str())).collect();
         assert_eq!(dialed, [(0, "tcp://[::1]:5559"), (1, "tcp://[::1]:5560")]);
         assert!(eps.iter().all(|e| e.generation == Generation::LoadStat));
+    }
+
+    #[test]
+    fn kv_streams_or_why_not() {
+        let body =
+            format!(r#"{{"kv_events":{{{KV},"dp_size":2,"replay_endpoint_port_base":6000}}}}"#);
+        let s = kv_streams("http://10.0.0.2:30000", body.as_bytes()).unwrap();
+        assert_eq!((s.block_size, s.topic.as_str()), (16, ""));
+        let eps: Vec<_> = s
+            .endpoints
+            .iter()
+            .map(|e| (e.endpoint.as_str(), e.replay_endpoint.as_deref()))
+            .collect();
+        assert_eq!(
+            eps,
+            [
+                ("tcp://10.0.0.2:5557", Some("tcp://10.0.0.2:6000")),
+                ("tcp://10.0.0.2:5558", Some("tcp://10.0.0.2:6001"))
+            ]
+        );
+        let url = "http://h:1";
+        assert_eq!(
+            kv_streams(url, br#"{"kv_events":null}"#),
+            Err(NoKv::NoKvEvents)
+        );
+        assert_eq!(
+            kv_streams(url, br#"{"version":"x"}"#),
+            Err(NoKv::NoKvEvents)
+        );
+        let null = body.replace(r#""publisher":"zmq""#, r#""publisher":"null""#);
+        assert_eq!(
+            kv_streams(url, null.as_bytes()),
+            Err(NoKv::NotZmq("null".into()))
+        );
+        let zero = body.replace(r#""block_size":16"#, r#""block_size":0"#);
+        assert_eq!(kv_streams(url, zero.as_bytes()), Err(NoKv::BlockSize(0)));
+        assert!(matches!(kv_streams(url, b"{"), Err(NoKv::Malformed(_))));
     }
 
     #[test]

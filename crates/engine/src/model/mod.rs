@@ -233,6 +233,13 @@ impl Scheduler {
         self.cache.take_events()
     }
 
+    /// Every cached page's hash, sorted (the `/cache_blocks` debug route).
+    pub fn cached_blocks(&self) -> Vec<i64> {
+        let mut v: Vec<i64> = self.cache.block_hashes().collect();
+        v.sort_unstable();
+        v
+    }
+
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
     }

@@ -186,6 +186,16 @@ impl KvIndex {
         self.stats_mut(slot).needs_resync = true;
     }
 
+    /// The blocks `slot` holds, in no order (tests compare them with an engine's own cache).
+    pub fn slot_blocks(&self, slot: Slot) -> impl Iterator<Item = i64> + '_ {
+        self.held.get(slot as usize).into_iter().flatten().copied()
+    }
+
+    /// The bound on distinct blocks.
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+
     fn holds(&self, slot: Slot, hash: i64) -> bool {
         self.held
             .get(slot as usize)

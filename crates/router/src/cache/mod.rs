@@ -1,6 +1,8 @@
 //! The router's belief about engines' prefix caches, and the one place policies get it from.
 //!
 //! * [`index`]: the precise view, a block index fed by each worker's KV-event stream;
+//! * [`stream`]: [`CacheBook`], the index shared between the ingest threads (writers) and the
+//!   request path (readers), with the (worker, rank) → slot map and the per-stream counters;
 //! * [`request`]: a request's block-hash chain, through the router's [`tokenizer`] (the engine's
 //!   deterministic one, or a real model's `tokenizer.json` and chat template).
 //!
@@ -8,9 +10,12 @@
 //! worker and hands those numbers to the policy through its [`crate::policy::View`].
 
 pub mod index;
+mod report;
 pub mod request;
+pub mod stream;
 pub mod tokenizer;
 
 pub use index::{KvIndex, Slot, SlotStats};
 pub use request::PromptChain;
+pub use stream::{CacheBook, DEFAULT_MAX_BLOCKS, ResyncReason, StreamStats};
 pub use tokenizer::RouterTokenizer;

@@ -12,15 +12,23 @@
 //! non-empty), so its rank would stay stale for good; the sweep bounds that to a second and counts
 //! what it finds in `loadlink_ingest_rescued_total` (0 when every edge is seen). It touches only
 //! quiet sockets, so its cost is O(silent ranks) per second.
+//!
+//! KV-event streams ([`kv`]) live on the same threads and in the same epoll sets, beside their
+//! worker's load sockets: one more SUB per rank, and a replay DEALER only while a replay runs.
 
 pub mod drain;
 mod epoll;
+pub mod kv;
+mod kv_replay;
+mod kv_seq;
+mod kv_subscribe;
 pub mod stats;
 
 use crate::book::Worker;
 use crate::zctx::FleetContext;
 use drain::{Scratch, drain_rank};
 use epoll::{Doorbell, Epoll};
+use kv::{KV_TAG, KvStreams, KvSubscription, REPLAY_TAG};
 use stats::IngestStats;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +51,7 @@ enum Command {
         id: u64,
         worker: Arc<Worker>,
         sockets: Vec<(usize, zmq::Socket)>,
+        kv: Option<KvSubscription>,
     },
     Remove {
         id: u64,
@@ -94,8 +103,14 @@ impl Ingest {
         &self.stats
     }
 
-    /// Hands `sockets` (rank, connected SUB) of `worker` to an ingest thread.
-    pub fn add(&self, worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>) -> SubscriptionId {
+    /// Hands `sockets` (rank, connected SUB) of `worker`, and its KV-event streams if any, to an
+    /// ingest thread.
+    pub fn add(
+        &self,
+        worker: Arc<Worker>,
+        sockets: Vec<(usize, zmq::Socket)>,
+        kv: Option<KvSubscription>,
+    ) -> SubscriptionId {
         let id = self.next_id.fetch_add(1, Relaxed);
         let thread = (id % self.threads.len() as u64) as usize;
         self.send(
@@ -104,6 +119,7 @@ impl Ingest {
                 id,
                 worker,
                 sockets,
+                kv,
             },
         );
         SubscriptionId { thread, id }
@@ -159,9 +175,12 @@ struct Loop {
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     by_id: HashMap<u64, Vec<usize>>,
+    kv: KvStreams,
+    /// A KV replay may be running: wake every `kv::REPLAY_POLL` to check on it.
+    kv_replaying: bool,
     scratch: Scratch,
     stats: Arc<IngestStats>,
-    _ctx: Arc<FleetContext>,
+    ctx: Arc<FleetContext>,
 }
 
 impl Loop {
@@ -180,9 +199,11 @@ impl Loop {
             slots: Vec::new(),
             free: Vec::new(),
             by_id: HashMap::new(),
+            kv: KvStreams::default(),
+            kv_replaying: false,
             scratch: Scratch::default(),
             stats,
-            _ctx: ctx,
+            ctx,
         })
     }
 
@@ -191,8 +212,13 @@ impl Loop {
         let mut ready = Vec::with_capacity(events.len());
         let mut last_sweep = Instant::now();
         loop {
+            let timeout = if self.kv_replaying {
+                kv::REPLAY_POLL
+            } else {
+                SWEEP
+            };
             self.epoll
-                .wait(&mut ready, &mut events, SWEEP.as_millis() as i32);
+                .wait(&mut ready, &mut events, timeout.as_millis() as i32);
             if last_sweep.elapsed() >= SWEEP {
                 self.sweep();
                 last_sweep = Instant::now();
@@ -204,9 +230,15 @@ impl Loop {
                     if !self.commands() {
                         return;
                     }
+                } else if token & (KV_TAG | REPLAY_TAG) != 0 {
+                    self.kv.ready(&self.epoll, &self.ctx, token);
+                    self.kv_replaying = true;
                 } else {
                     self.drain(token as usize);
                 }
+            }
+            if self.kv_replaying {
+                self.kv_replaying = self.kv.poll_replays(&self.epoll, &self.ctx);
             }
         }
     }
@@ -232,6 +264,8 @@ impl Loop {
                 self.stats.rescued.fetch_add(1, Relaxed);
             }
         }
+        self.kv.sweep(&self.epoll, &self.ctx, SWEEP);
+        self.kv_replaying = true; // a sweep may have started one; the next poll says
     }
 
     /// Applies queued commands; false on `Stop`.
@@ -242,7 +276,14 @@ impl Loop {
                     id,
                     worker,
                     sockets,
-                } => self.add(id, worker, sockets),
+                    kv,
+                } => {
+                    if let Some(kv) = kv {
+                        self.kv.add(&self.epoll, &self.ctx, id, &worker, kv);
+                        self.kv_replaying = true;
+                    }
+                    self.add(id, worker, sockets);
+                }
                 Command::Remove { id, done } => {
                     self.remove(id);
                     let _ = done.try_send(());
@@ -287,6 +328,7 @@ impl Loop {
     }
 
     fn remove(&mut self, id: u64) {
+        self.kv.remove(&self.epoll, id);
         for i in self.by_id.remove(&id).unwrap_or_default() {
             if let Some(s) = self.slots[i].take() {
                 debug_assert_eq!(s.id, id);

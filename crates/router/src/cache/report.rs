@@ -1,0 +1,203 @@
+//! What the [`CacheBook`] shows an operator: the `kv_events` object of each worker in
+//! `/workers`, and the `loadlink_kv_*` families of `/metrics`. Its own module so the book stays
+//! about keeping the index, and the page formats stay in one place.
+
+use super::stream::{CacheBook, EVENT_TYPES, ResyncReason, key};
+use crate::book::Worker;
+use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType};
+use serde_json::{Value, json};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// `{type="stored|removed|cleared"}` (`type` is a keyword, so not through `label_set!`).
+struct TypeLabels(&'static str);
+
+impl LabelSet for TypeLabels {
+    fn write_labels(&self, w: &mut LabelWriter<'_>) {
+        w.label("type", self.0);
+    }
+}
+
+loadlink_wire::label_set! {
+    /// `{reason="restart|gap_not_covered|replay_failed|no_replay"}`.
+    struct ReasonLabels { reason: &'static str }
+}
+
+loadlink_wire::label_set! {
+    /// `{worker="URL"}`.
+    struct WorkerLabels<'a> { worker: &'a str }
+}
+
+impl CacheBook {
+    /// `worker`'s `kv_events` object for `/workers`: `{blocks, gaps, replays, resyncs,
+    /// needs_resync, last_seq: [per rank], block_size}`, or `null` (and the reason as the second
+    /// value) when it has no KV-event stream.
+    pub fn worker_json(&self, worker: &Worker) -> (Value, Option<String>) {
+        let g = self.read();
+        let Some(e) = g.workers.get(&key(worker)) else {
+            let why = g.no_stream.get(&worker.url).cloned();
+            return (Value::Null, why.or_else(|| Some("not subscribed".into())));
+        };
+        let (mut blocks, mut gaps, mut replays, mut resyncs, mut stale) = (0, 0, 0, 0, false);
+        let mut last = Vec::new();
+        for (slot, s) in &e.ranks {
+            let st = g.index.slot_stats(*slot);
+            blocks += st.blocks;
+            stale |= st.needs_resync;
+            gaps += s.gaps.load(Relaxed);
+            replays += s.replays.load(Relaxed);
+            resyncs += s.resyncs.load(Relaxed);
+            let seq = s.last_seq.load(Relaxed);
+            last.push(if seq < 0 { Value::Null } else { json!(seq) });
+        }
+        let v = json!({
+            "blocks": blocks, "gaps": gaps, "replays": replays, "resyncs": resyncs,
+            "needs_resync": stale, "last_seq": last, "block_size": e.block_size,
+        });
+        (v, None)
+    }
+
+    /// The `loadlink_kv_*` families, with per-worker blocks for `workers`.
+    pub fn write_metrics(&self, e: &mut Exposition, workers: &[std::sync::Arc<Worker>]) {
+        let c = &self.counters;
+        let (len, max, dropped) = {
+            let g = self.read();
+            (
+                g.index.len(),
+                g.index.max_blocks(),
+                g.index.dropped_blocks(),
+            )
+        };
+        let gauges = [
+            (
+                "loadlink_kv_index_blocks",
+                "Distinct KV blocks in the router's index",
+                len as u64,
+            ),
+            (
+                "loadlink_kv_index_max_blocks",
+                "The index's bound (--kv-index-max-blocks)",
+                max as u64,
+            ),
+            (
+                "loadlink_kv_streams",
+                "KV-event streams (worker ranks) held by the ingest threads",
+                c.streams.load(Relaxed),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            e.single(name, MetricType::Gauge, help, v);
+        }
+        let counters = self.counter_rows(dropped);
+        for (name, help, v) in counters {
+            e.single(name, MetricType::Counter, help, v);
+        }
+        let mut f = e.family(
+            "loadlink_kv_events_total",
+            MetricType::Counter,
+            "KV events applied to the index, by type",
+        );
+        for (t, n) in EVENT_TYPES.iter().zip(&c.events) {
+            f.sample(&TypeLabels(t), n.load(Relaxed));
+        }
+        let mut f = e.family(
+            "loadlink_kv_block_events_total",
+            MetricType::Counter,
+            "Block hashes carried by applied stored and removed events",
+        );
+        for (t, n) in EVENT_TYPES.iter().zip(&c.block_events) {
+            f.sample(&TypeLabels(t), n.load(Relaxed));
+        }
+        let mut f = e.family(
+            "loadlink_kv_resyncs_total",
+            MetricType::Counter,
+            "KV-index slots cleared and rebuilt, by reason",
+        );
+        for r in ResyncReason::ALL {
+            let n = c.resyncs[r as usize].load(Relaxed);
+            f.sample(&ReasonLabels { reason: r.as_str() }, n);
+        }
+        self.write_worker_blocks(e, workers);
+    }
+
+    /// The plain `loadlink_kv_*` counters: (name, help, value).
+    fn counter_rows(&self, dropped: u64) -> [(&'static str, &'static str, u64); 9] {
+        let c = &self.counters;
+        [
+            (
+                "loadlink_kv_index_dropped_blocks_total",
+                "Blocks refused at the index bound (their ranks need a resync)",
+                dropped,
+            ),
+            (
+                "loadlink_kv_batches_total",
+                "KV-event batches applied",
+                c.batches.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_gaps_total",
+                "Seq gaps detected on KV-event streams",
+                c.gaps.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_requested_total",
+                "Replays requested from an engine's replay socket",
+                c.replays_requested.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_succeeded_total",
+                "Replays that covered what was missing",
+                c.replays_succeeded.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_failed_total",
+                "Replays that timed out or no longer held what was missing",
+                c.replays_failed.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_replays_cut_short_total",
+                "Replays that went silent before their end (the engine shed at its send HWM), continued from there",
+                c.replays_cut_short.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_duplicates_total",
+                "Live batches skipped because a replay had applied them already",
+                c.duplicates.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_decode_errors_total",
+                "KV-event messages dropped as malformed",
+                c.decode_errors.load(Relaxed),
+            ),
+        ]
+    }
+
+    fn write_worker_blocks(&self, e: &mut Exposition, workers: &[std::sync::Arc<Worker>]) {
+        let g = self.read();
+        let mut rows = Vec::with_capacity(workers.len());
+        for w in workers {
+            if let Some(entry) = g.workers.get(&key(w)) {
+                let stats = entry.ranks.iter().map(|(s, _)| g.index.slot_stats(*s));
+                let (blocks, stale) =
+                    stats.fold((0, false), |(b, st), x| (b + x.blocks, st | x.needs_resync));
+                rows.push((&w.url, blocks, stale));
+            }
+        }
+        drop(g);
+        let mut f = e.family(
+            "loadlink_worker_kv_blocks",
+            MetricType::Gauge,
+            "Blocks the index holds for a worker (summed over its ranks)",
+        );
+        for (url, blocks, _) in &rows {
+            f.sample(&WorkerLabels { worker: url }, *blocks);
+        }
+        let mut f = e.family(
+            "loadlink_worker_kv_needs_resync",
+            MetricType::Gauge,
+            "1 while a worker's cache view is known to be incomplete",
+        );
+        for (url, _, stale) in &rows {
+            f.sample(&WorkerLabels { worker: url }, u64::from(*stale));
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The decisions of one KV-event stream, pure: given the seqs seen so far, what to do with the
+//! next live or replayed batch. The socket side ([`super::kv`]) carries them out.
+//!
+//! * **In order.** Live seq `last + 1` is applied. The first seq of a stream is 0.
+//! * **Gap.** A live seq past `last + 1`: ask the engine's replay socket from `last` (not
+//!   `last + 1`): the batch at `last` comes back first and its digest is compared with the one
+//!   applied, so a restarted engine whose new seqs already passed ours is told apart from a lossy
+//!   link. Live batches that arrive meanwhile are held, then replayed through the same rules.
+//! * **Restart.** A live seq at or below `last`: a new engine (its cache is new too). The one
+//!   exception is a batch the replay already applied arriving late on the live socket (both
+//!   sockets race): seqs from where the replay started up to `last` are duplicates until the live
+//!   stream has caught up (its next in-order apply).
+//! * **Accept next.** After a resync without a usable replay, the next live seq is taken as is.
+
+/// What to do with a live batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Live {
+    Apply,
+    /// Already applied through a replay.
+    Duplicate,
+    /// A replay is under way: keep it until it ends.
+    Hold,
+    /// Seqs from `from` were missed.
+    Gap {
+        from: i64,
+    },
+    /// The seq went back: a new engine.
+    Restart,
+}
+
+/// What to do with a replayed batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replayed {
+    Apply,
+    /// Already applied (the overlap batch, or older).
+    Skip,
+    /// The overlap batch differs from what was applied: a new engine.
+    Restart,
+    /// The replay starts past what is missing: the buffer no longer holds it.
+    NotCovered,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Replay {
+    /// The overlap batch to verify: (seq, digest of what was applied there).
+    verify: Option<(i64, u64)>,
+    /// The last applied seq when the replay began (to tell whether it made progress).
+    began_at: Option<i64>,
+}
+
+/// One stream's sequencing state.
+#[derive(Debug, Clone, Default)]
+pub struct Sequencer {
+    last: Option<i64>,
+    /// Digest of the batch applied at `last`.
+    digest: u64,
+    /// Live seqs in `[floor, last]` are duplicates of replayed ones (see the module docs).
+    dup_floor: Option<i64>,
+    replay: Option<Replay>,
+    accept_next: bool,
+}
+
+impl Sequencer {
+    fn expected(&self) -> i64 {
+        self.last.map_or(0, |l| l + 1)
+    }
+
+    /// Classifies live seq `seq`.
+    pub fn live(&self, seq: i64) -> Live {
+        if self.replay.is_some() {
+            return Live::Hold;
+        }
+        if self.accept_next || seq == self.expected() {
+            return Live::Apply;
+        }
+        match self.last {
+            Some(l) if seq <= l => {
+                if self.dup_floor.is_some_and(|f| seq >= f) {
+                    Live::Duplicate
+                } else {
+                    Live::Restart
+                }
+            }
+            _ => Live::Gap {
+                from: self.expected(),
+            },
+        }
+    }
+
+    /// Records that live or replayed batch `seq` (whose bytes digest to `digest`) was applied.
+    pub fn applied(&mut self, seq: i64, digest: u64, live: bool) {
+        self.last = Some(seq);
+        self.digest = digest;
+        self.accept_next = false;
+        if live {
+            self.dup_floor = None;
+        }
+    }
+
+    /// Forgets everything (after the slot was cleared for a restart): the next seq must be 0.
+    pub fn reset(&mut self) {
+        *self = Sequencer::default();
+    }
+
+    /// Forgets everything and takes the next live seq as it comes (after a resync that no replay
+    /// could fill).
+    pub fn accept_any_next(&mut self) {
+        self.reset();
+        self.accept_next = true;
+    }
+
+    /// Begins a replay; returns the seq to ask from.
+    pub fn begin_replay(&mut self) -> i64 {
+        let verify = self.last.map(|l| (l, self.digest));
+        self.replay = Some(Replay {
+            verify,
+            began_at: self.last,
+        });
+        self.dup_floor = Some(self.expected());
+        verify.map_or(0, |(l, _)| l)
+    }
+
+    /// Classifies replayed batch `seq` with digest `digest`.
+    pub fn replayed(&mut self, seq: i64, digest: u64) -> Replayed {
+        let Some(r) = &mut self.replay else {
+            return Replayed::Skip;
+        };
+        // Without the overlap batch (the buffer no longer holds it) continuity cannot be
+        // checked: carry on by seq.
+        if let Some((vseq, vdigest)) = r.verify.take()
+            && seq == vseq
+        {
+            return if digest == vdigest {
+                Replayed::Skip
+            } else {
+                Replayed::Restart
+            };
+        }
+        let expected = self.expected();
+        if seq < expected {
+            Replayed::Skip
+        } else if seq == expected {
+            Replayed::Apply
+        } else {
+            Replayed::NotCovered
+        }
+    }
+
+    /// After `NotCovered` (the slot was cleared): continue from replayed batch `seq`.
+    pub fn restart_at(&mut self, seq: i64) {
+        self.last = Some(seq - 1);
+        self.digest = 0;
+        self.dup_floor = Some(seq);
+        if let Some(r) = &mut self.replay {
+            r.verify = None;
+        }
+    }
+
+    /// Ends the replay; returns whether it advanced the stream.
+    pub fn end_replay(&mut self) -> bool {
+        let began_at = self.replay.take().and_then(|r| r.began_at);
+        self.last != began_at
+    }
+
+    /// Abandons the replay (timed out, or a restart mid-way).
+    pub fn abort_replay(&mut self) {
+        self.replay = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_order_gap_duplicate_restart() {
+        let mut s = Sequencer::default();
+        assert_eq!(s.live(0), Live::Apply);
+        s.applied(0, 10, true);
+        assert_eq!(s.live(1), Live::Apply);
+        s.applied(1, 11, true);
+        assert_eq!(s.live(4), Live::Gap { from: 2 });
+        assert_eq!(s.begin_replay(), 1, "from last: verify the overlap");
+        assert_eq!(s.live(4), Live::Hold);
+        assert_eq!(s.replayed(1, 11), Replayed::Skip);
+        for (seq, d) in [(2, 12), (3, 13), (4, 14)] {
+            assert_eq!(s.replayed(seq, d), Replayed::Apply);
+            s.applied(seq, d, false);
+        }
+        assert!(s.end_replay());
+        assert_eq!(s.live(4), Live::Duplicate, "replayed, then seen live");
+        assert_eq!(s.live(2), Live::Duplicate);
+        assert_eq!(s.live(5), Live::Apply);
+        s.applied(5, 15, true);
+        assert_eq!(
+            s.live(3),
+            Live::Restart,
+            "caught up: going back is a restart"
+        );
+    }
+
+    #[test]
+    fn a_different_overlap_is_a_restart_and_a_short_buffer_is_not_covered() {
+        let mut s = Sequencer::default();
+        s.applied(7, 77, true);
+        s.begin_replay();
+        assert_eq!(s.replayed(7, 99), Replayed::Restart);
+        s.reset();
+        assert_eq!(s.begin_replay(), 0);
+        assert_eq!(s.replayed(3, 1), Replayed::NotCovered);
+        s.restart_at(3);
+        assert_eq!(s.replayed(3, 1), Replayed::Apply);
+        s.applied(3, 1, false);
+        assert!(s.end_replay());
+        assert_eq!(s.live(0), Live::Restart, "below the replay's start");
+    }
+
+    #[test]
+    fn accept_next_and_no_progress() {
+        let mut s = Sequencer::default();
+        s.accept_any_next();
+        assert_eq!(s.live(41), Live::Apply);
+        s.applied(41, 1, true);
+        s.begin_replay();
+        assert_eq!(s.replayed(41, 1), Replayed::Skip);
+        assert!(!s.end_replay(), "nothing new");
+        assert_eq!(s.live(0), Live::Restart);
+    }
+}

@@ -1,0 +1,83 @@
+//! Opening a worker's KV-event subscriptions: a slot per rank in the [`CacheBook`] and a connected
+//! SUB per rank, handed together to an ingest thread ([`super::kv`]). Separate from the stream
+//! logic because it runs on the caller's thread (the fleet's `add`), not the ingest's.
+
+use crate::book::Worker;
+use crate::cache::{CacheBook, Slot, StreamStats};
+use crate::subscribe::{CONNECT_TIMEOUT_MS, MAX_MSG_BYTES, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS};
+use crate::zctx::FleetContext;
+use loadlink_wire::discovery::KvStreams as Discovered;
+use std::sync::Arc;
+
+/// Batches libzmq queues per KV stream before it sheds (SGLang's publisher HWM): unlike load,
+/// every batch matters; a shed one is a gap, recovered by replay.
+pub const KV_RCVHWM: i32 = 100_000;
+
+/// A SUB for a KV-event stream: the load sockets' bounds (see [`crate::subscribe::configure`])
+/// with a deep queue.
+pub fn open_kv_sub(ctx: &FleetContext, endpoint: &str, topic: &[u8]) -> zmq::Result<zmq::Socket> {
+    let s = ctx.sub_socket()?;
+    s.set_ipv6(endpoint.contains('['))?;
+    s.set_maxmsgsize(MAX_MSG_BYTES)?;
+    s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
+    s.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
+    s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
+    s.set_tcp_keepalive(1)?;
+    s.set_tcp_keepalive_idle(30)?;
+    s.set_rcvhwm(KV_RCVHWM)?;
+    s.set_linger(0)?;
+    s.set_subscribe(topic)?;
+    s.connect(endpoint)?;
+    Ok(s)
+}
+
+/// Registers `worker`'s streams in `book` and opens their SUBs; on failure nothing stays
+/// registered and the error names the socket.
+pub fn subscribe(
+    book: &Arc<CacheBook>,
+    ctx: &FleetContext,
+    worker: &Arc<Worker>,
+    streams: &Discovered,
+) -> Result<KvSubscription, String> {
+    let ranks = u32::try_from(streams.endpoints.len()).unwrap_or(u32::MAX);
+    let slots = book.register(worker, streams.block_size, ranks);
+    let mut out = Vec::with_capacity(slots.len());
+    for (ep, (slot, stats)) in streams.endpoints.iter().zip(slots) {
+        match open_kv_sub(ctx, &ep.endpoint, streams.topic.as_bytes()) {
+            Ok(sub) => out.push(KvSocket {
+                rank: ep.rank,
+                slot,
+                sub,
+                replay_endpoint: ep.replay_endpoint.clone(),
+                stats,
+            }),
+            Err(e) => {
+                book.unregister(worker);
+                return Err(format!(
+                    "cannot subscribe to rank {}'s KV-event socket {}: {e}",
+                    ep.rank, ep.endpoint
+                ));
+            }
+        }
+    }
+    Ok(KvSubscription {
+        book: book.clone(),
+        streams: out,
+    })
+}
+
+/// One rank's KV stream, handed to an ingest thread.
+pub struct KvSocket {
+    pub rank: u32,
+    pub slot: Slot,
+    /// Connected and subscribed.
+    pub sub: zmq::Socket,
+    pub replay_endpoint: Option<String>,
+    pub stats: Arc<StreamStats>,
+}
+
+/// A worker's KV streams and the book they feed.
+pub struct KvSubscription {
+    pub book: Arc<CacheBook>,
+    pub streams: Vec<KvSocket>,
+}
