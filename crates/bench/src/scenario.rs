@@ -9,13 +9,16 @@
 //! ([`blind_reuse`]), so "85% load" is 85% of what a cache-blind fleet sustains: the baseline a
 //! cache-aware router must beat.
 
-use crate::sim::{DirectTarget, Outcome, SimConfig, simulate};
+use crate::sim::{
+    CacheView, DirectTarget, Outcome, QueueStats, SimConfig, SimRouter, simulate_with_queues,
+};
 use crate::workload::{
     Arrival, ChatSessions, HotPrefix, Len, Pattern, ReuseEstimate, Shape, SharedSystem, Traffic,
     WorkloadSpec, blind_reuse, generate, generate_mix,
 };
 use loadlink_engine::PublishPoint;
 use loadlink_engine::model::ModelConfig;
+use loadlink_router::policy::{CacheAware, MinTtft};
 use loadlink_router::{LoadSignal, Policy};
 
 #[derive(Debug, Clone)]
@@ -232,21 +235,119 @@ pub const VARIANTS: [(Policy, LoadSignal); 7] = [
     (Policy::LeastLoad, LoadSignal::Backlog),
 ];
 
+/// One router variant of a comparison: who routes, on which load signal, with which cache view.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Variant {
+    pub label: &'static str,
+    pub router: SimRouter,
+    pub signal: LoadSignal,
+    pub cache: CacheView,
+}
+
+const fn variant(
+    label: &'static str,
+    router: SimRouter,
+    signal: LoadSignal,
+    cache: CacheView,
+) -> Variant {
+    Variant {
+        label,
+        router,
+        signal,
+        cache,
+    }
+}
+
+/// SGLang-router 0.3.2's `cache_aware` defaults (see [`CacheAware`]).
+const CACHE_AWARE: Policy = Policy::CacheAware(CacheAware {
+    cache_threshold: 0.3,
+    balance_abs_threshold: 64,
+    balance_rel_threshold: 1.5,
+});
+
+/// `min_ttft` with its defaults (see [`MinTtft`]).
+const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
+    per_request_tokens: loadlink_router::book::REQUEST_TOKENS_WEIGHT as f64,
+    kv_pressure_s: 0.5,
+    kv_pressure_from: 0.9,
+    tie_rel: 0.05,
+    tie_abs_s: 0.002,
+});
+
+/// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight
+/// load with its approximate tree and on engine load with the KV index (#28600), `min_ttft` on
+/// either cache view, and the clairvoyant bound.
+pub const CACHE_VARIANTS: [Variant; 7] = [
+    variant(
+        "round_robin",
+        SimRouter::Policy(Policy::RoundRobin),
+        LoadSignal::Inflight,
+        CacheView::Blind,
+    ),
+    variant(
+        "power_of_two / backlog",
+        SimRouter::Policy(Policy::PowerOfTwo),
+        LoadSignal::Backlog,
+        CacheView::Blind,
+    ),
+    variant(
+        "cache_aware / inflight",
+        SimRouter::Policy(CACHE_AWARE),
+        LoadSignal::Inflight,
+        CacheView::Approx,
+    ),
+    variant(
+        "cache_aware / engine",
+        SimRouter::Policy(CACHE_AWARE),
+        LoadSignal::Engine,
+        CacheView::Index,
+    ),
+    variant(
+        "min_ttft / approx",
+        SimRouter::Policy(MIN_TTFT),
+        LoadSignal::Backlog,
+        CacheView::Approx,
+    ),
+    variant(
+        "min_ttft / kv-index",
+        SimRouter::Policy(MIN_TTFT),
+        LoadSignal::Backlog,
+        CacheView::Index,
+    ),
+    variant(
+        "clairvoyant",
+        SimRouter::Clairvoyant,
+        LoadSignal::Backlog,
+        CacheView::Blind,
+    ),
+];
+
 /// Runs one variant of a scenario at `load` (fraction of nominal capacity).
 pub fn run(s: &Scenario, seed: u64, load: f64, policy: Policy, signal: LoadSignal) -> Outcome {
-    let arrivals = arrivals(s, seed, load);
+    let v = variant("", SimRouter::Policy(policy), signal, CacheView::Blind);
+    run_variant(s, seed, load, &v)
+}
+
+/// Runs `v` on the scenario at `load`.
+pub fn run_variant(s: &Scenario, seed: u64, load: f64, v: &Variant) -> Outcome {
+    run_arrivals(s, &arrivals(s, seed, load), v).0
+}
+
+/// Runs `v` on the scenario's fleet with given arrivals (generate them once for many variants).
+pub fn run_arrivals(s: &Scenario, arrivals: &[Arrival], v: &Variant) -> (Outcome, QueueStats) {
     let cfg = SimConfig {
         engines: vec![s.model; s.engines],
         routers: s.routers,
-        policy,
-        signal,
+        router: v.router,
+        signal: v.signal,
+        cache: v.cache,
         freshness_ms: 3000,
         net_delay_s: 0.001,
         publish_every: 1,
         publish_point: s.publish_point,
         direct: s.direct,
     };
-    simulate(&cfg, &arrivals, s.duration_s * 4.0)
+    simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
 }
 
 #[cfg(test)]
