@@ -481,4 +481,32 @@ mod tests {
             "ingest {ingest} vs scheduled {scheduled} vs batch-end {batch_end}"
         );
     }
+
+    #[test]
+    fn cache_aware_variants_see_the_caches_and_the_clairvoyant_bounds_them() {
+        let mut s = by_name("s4").unwrap();
+        s.duration_s = 40.0;
+        let arrivals = arrivals(&s, 2, 0.85);
+        let by = |label: &str| {
+            let v = CACHE_VARIANTS.iter().find(|v| v.label == label).unwrap();
+            run_arrivals(&s, &arrivals, v)
+        };
+        let hit = |o: &Outcome| o.cache_hit_rate().unwrap();
+        let wait_p99 = |o: &Outcome| crate::sim::quantile(&o.waits(), 0.99);
+        let (blind, _) = by("round_robin");
+        let (cost, cost_q) = by("min_ttft / kv-index");
+        let (approx, _) = by("min_ttft / approx");
+        let (spiral, spiral_q) = by("cache_aware / inflight");
+        let (bound, _) = by("clairvoyant");
+        for o in [&blind, &cost, &approx, &spiral, &bound] {
+            assert_eq!(o.completed, o.submitted, "everything finishes");
+        }
+        assert!(hit(&cost) > hit(&blind) + 0.03, "{} vs {}", hit(&cost), hit(&blind));
+        assert!(hit(&approx) > hit(&blind), "{} vs {}", hit(&approx), hit(&blind));
+        // The hot prefix piles onto one worker under in-flight cache_aware, not under the cost
+        // policy.
+        assert!(spiral_q.hot_fraction > 0.1 && cost_q.hot_fraction < 0.05);
+        assert!(wait_p99(&cost) < 0.5 * wait_p99(&spiral));
+        assert!(wait_p99(&bound) <= wait_p99(&cost) && wait_p99(&bound) <= wait_p99(&blind));
+    }
 }
