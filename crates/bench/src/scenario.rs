@@ -501,8 +501,18 @@ mod tests {
         for o in [&blind, &cost, &approx, &spiral, &bound] {
             assert_eq!(o.completed, o.submitted, "everything finishes");
         }
-        assert!(hit(&cost) > hit(&blind) + 0.03, "{} vs {}", hit(&cost), hit(&blind));
-        assert!(hit(&approx) > hit(&blind), "{} vs {}", hit(&approx), hit(&blind));
+        assert!(
+            hit(&cost) > hit(&blind) + 0.03,
+            "{} vs {}",
+            hit(&cost),
+            hit(&blind)
+        );
+        assert!(
+            hit(&approx) > hit(&blind),
+            "{} vs {}",
+            hit(&approx),
+            hit(&blind)
+        );
         // The hot prefix piles onto one worker under in-flight cache_aware, not under the cost
         // policy.
         assert!(spiral_q.hot_fraction > 0.1 && cost_q.hot_fraction < 0.05);

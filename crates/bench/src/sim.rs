@@ -158,11 +158,11 @@ struct QueueSamples {
 impl QueueSamples {
     fn sample(&mut self, waiting: &[f64]) {
         let m = waiting.iter().sum::<f64>() / waiting.len().max(1) as f64;
-        let sd = (waiting.iter().map(|x| (x - m).powi(2)).sum::<f64>() / waiting.len().max(1) as f64)
+        let sd = (waiting.iter().map(|x| (x - m).powi(2)).sum::<f64>()
+            / waiting.len().max(1) as f64)
             .sqrt();
         self.cv.push(if m > 0.0 { sd / m } else { 0.0 });
-        let hot = (0..waiting.len())
-            .find(|&e| waiting[e] >= HOT_QUEUE_MIN && waiting[e] > 2.0 * m);
+        let hot = (0..waiting.len()).find(|&e| waiting[e] >= HOT_QUEUE_MIN && waiting[e] > 2.0 * m);
         self.run = match (hot, self.run) {
             (Some(e), Some((r, n))) if e == r => Some((e, n + 1)),
             (Some(e), _) => Some((e, 1)),
@@ -206,11 +206,14 @@ impl Sim<'_> {
             let events = Rc::new(kv);
             for r in 0..self.cfg.routers {
                 let events = events.clone();
-                self.push(t + self.cfg.net_delay_s, Ev::Kv {
-                    router: r,
-                    engine: e,
-                    events,
-                });
+                self.push(
+                    t + self.cfg.net_delay_s,
+                    Ev::Kv {
+                        router: r,
+                        engine: e,
+                        events,
+                    },
+                );
             }
         }
         let sent: Vec<_> = self.engines[e].take_sent().collect();
@@ -365,7 +368,9 @@ impl Sim<'_> {
         if let Some(pick) = pick {
             let w = self.books[r][pick].clone();
             self.out.decisions += 1;
-            if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t)).source == Source::Fallback
+            if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t))
+                .source
+                == Source::Fallback
             {
                 self.out.fallback_decisions += 1;
             }

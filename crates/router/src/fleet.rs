@@ -385,13 +385,13 @@ impl View for FleetView<'_> {
     #[inline]
     fn queued_prefill_s(&self, i: usize) -> Option<f64> {
         let p = self.pricing(i);
-        p.queued_tokens
-            .map(|q| q as f64 * p.us_per_token / 1e6)
+        p.queued_tokens.map(|q| q as f64 * p.us_per_token / 1e6)
     }
     #[inline]
     fn engine_requests(&self, i: usize) -> Option<i64> {
         let l = self.workers[i].load_at(LoadSignal::Engine, self.freshness_ms, self.now_ms);
-        (self.signal != LoadSignal::Inflight && l.source == crate::book::Source::Engine).then_some(l.requests)
+        (self.signal != LoadSignal::Inflight && l.source == crate::book::Source::Engine)
+            .then_some(l.requests)
     }
     #[inline]
     fn prefill_s_per_token(&self, i: usize) -> f64 {

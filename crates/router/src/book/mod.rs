@@ -479,9 +479,7 @@ impl InflightGuard {
     /// minus the prefix the router believes cached), so cost policies count what was dispatched
     /// since the last snapshot in tokens.
     pub fn with_tokens(worker: Arc<Worker>, uncached_tokens: u64) -> Self {
-        worker
-            .dispatched_tokens
-            .fetch_add(uncached_tokens, Relaxed);
+        worker.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
         worker.inflight.fetch_add(1, Relaxed);
         worker.dispatched.fetch_add(1, Relaxed);
         worker.requests_total.fetch_add(1, Relaxed);

@@ -96,7 +96,11 @@ mod tests {
         let m = PrefillRate::default();
         m.observe(0, 0);
         m.observe(1000, 200_000);
-        assert_eq!(m.us_per_token(), None, "a window shorter than MIN_WINDOW_TOKENS");
+        assert_eq!(
+            m.us_per_token(),
+            None,
+            "a window shorter than MIN_WINDOW_TOKENS"
+        );
         m.observe(8192, 8192 * 150);
         assert_eq!(m.us_per_token(), Some(150.0));
         for _ in 0..5 {
@@ -105,7 +109,10 @@ mod tests {
         assert_eq!((m.us_per_token(), m.samples()), (Some(150.0), 1));
         m.observe(8192 * 2, 8192 * 150 + 8192 * 50);
         let v = m.us_per_token().unwrap();
-        assert!((v - (150.0 - 0.3 * 100.0)).abs() < 1e-9, "EWMA towards 50: {v}");
+        assert!(
+            (v - (150.0 - 0.3 * 100.0)).abs() < 1e-9,
+            "EWMA towards 50: {v}"
+        );
     }
 
     #[test]
@@ -118,7 +125,10 @@ mod tests {
         m.observe(10, 1_000);
         assert_eq!((m.us_per_token(), m.samples()), (Some(100.0), 2));
         m.observe(10 + 5000, 1_000 + 5000 * 300);
-        assert!(m.us_per_token().unwrap() > 100.0, "measured after the restart");
+        assert!(
+            m.us_per_token().unwrap() > 100.0,
+            "measured after the restart"
+        );
         // Busy time that does not move while tokens do: no sample.
         let n = m.samples();
         m.observe(100_000, 1_000 + 5000 * 300);

@@ -127,7 +127,11 @@ fn breaker_opens_after_threshold() {
 fn pricing_counts_dispatched_tokens_since_the_snapshot_and_the_measured_speed() {
     let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
     let p = |w: &Worker, s| w.pricing_at(s, 3000, w.now_ms());
-    assert_eq!(p(&w, LoadSignal::Backlog).queued_tokens, None, "no snapshot yet");
+    assert_eq!(
+        p(&w, LoadSignal::Backlog).queued_tokens,
+        None,
+        "no snapshot yet"
+    );
     let snap = |backlog, tokens, busy_us| LoadSnapshot {
         num_waiting_uncached_tokens: backlog,
         total_prefill_uncached_tokens: tokens,
@@ -141,7 +145,11 @@ fn pricing_counts_dispatched_tokens_since_the_snapshot_and_the_measured_speed() 
     let got = p(&w, LoadSignal::Backlog);
     assert_eq!(got.queued_tokens, Some(1800));
     assert_eq!(got.inflight, 1);
-    assert_eq!(got.us_per_token, prefill_rate::PRIOR_US_PER_TOKEN / 2.0, "two ranks");
+    assert_eq!(
+        got.us_per_token,
+        prefill_rate::PRIOR_US_PER_TOKEN / 2.0,
+        "two ranks"
+    );
     assert!((got.kv_usage - 0.5).abs() < 1e-9);
     assert_eq!(p(&w, LoadSignal::Inflight).queued_tokens, None);
     // Both ranks measured at 200 µs/token: 100 µs/token for the worker; the snapshot now
@@ -150,6 +158,10 @@ fn pricing_counts_dispatched_tokens_since_the_snapshot_and_the_measured_speed() 
     w.record(1, 1, &snap(500, 10_000, 2_000_000));
     let got = p(&w, LoadSignal::Engine);
     assert_eq!(got.queued_tokens, Some(1800));
-    assert!((got.us_per_token - 100.0).abs() < 1e-9, "{}", got.us_per_token);
+    assert!(
+        (got.us_per_token - 100.0).abs() < 1e-9,
+        "{}",
+        got.us_per_token
+    );
     drop(g);
 }

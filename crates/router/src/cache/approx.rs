@@ -182,7 +182,11 @@ mod tests {
         t.record(2, &[1, 2], 10);
         t.record(1, &[9, 8], 10);
         assert_eq!(matches(&t, &[1, 2, 3, 7]), vec![(0, 3), (2, 2)]);
-        assert_eq!(matches(&t, &[7, 1]), vec![], "a chain's first block is its root");
+        assert_eq!(
+            matches(&t, &[7, 1]),
+            vec![],
+            "a chain's first block is its root"
+        );
         assert_eq!(matches(&t, &[]), vec![]);
         assert_eq!(t.slot_stats(0).blocks, 4);
         assert_eq!(t.len(), 8);
@@ -218,7 +222,11 @@ mod tests {
         t.record(0, &[1, 2], 0);
         t.record(0, &[1, 3], 800);
         t.expire(1_500);
-        assert_eq!(matches(&t, &[1, 2]), vec![(0, 1)], "2 expired; 1 was reused at 800");
+        assert_eq!(
+            matches(&t, &[1, 2]),
+            vec![(0, 1)],
+            "2 expired; 1 was reused at 800"
+        );
         t.expire(2_000);
         assert!(t.is_empty());
         t.record(3, &[4], 2_000);

@@ -95,7 +95,7 @@ impl MinTtft {
         let mut seen = 0u64;
         for i in (0..n).filter(|&i| within(i)) {
             seen += 1;
-            if mix(entropy ^ seen.wrapping_mul(0x2545_f491_4f6c_dd1d)) % seen == 0 {
+            if mix(entropy ^ seen.wrapping_mul(0x2545_f491_4f6c_dd1d)).is_multiple_of(seen) {
                 chosen = Some(i);
             }
         }

@@ -176,7 +176,6 @@ pub fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-
 /// The available worker with the smallest `key`; ties broken by rotating the start with
 /// `entropy`.
 pub(crate) fn argmin_by<K: PartialOrd>(

@@ -172,12 +172,20 @@ fn min_ttft_trades_a_cache_hit_against_the_queue_in_seconds() {
         prompt: 1000,
         w: vec![cached(0.05), IDLE, IDLE],
     };
-    assert_eq!(all_picks(p, &v), [0].into(), "the hit is worth 0.05 s of queue");
+    assert_eq!(
+        all_picks(p, &v),
+        [0].into(),
+        "the hit is worth 0.05 s of queue"
+    );
     let v = C {
         prompt: 1000,
         w: vec![cached(0.5), IDLE, IDLE],
     };
-    assert_eq!(all_picks(p, &v), [1, 2].into(), "not 0.5 s: idle ties spread");
+    assert_eq!(
+        all_picks(p, &v),
+        [1, 2].into(),
+        "not 0.5 s: idle ties spread"
+    );
     // A slow engine is priced as slow: the same queue in tokens, 3× the seconds per token.
     let slow = W {
         s_per_token: 3e-4,
@@ -203,10 +211,13 @@ fn min_ttft_trades_a_cache_hit_against_the_queue_in_seconds() {
     let full = W { kv: 0.99, ..IDLE };
     let v = C {
         prompt: 100,
-        w: vec![full, W {
-            queued_s: Some(0.1),
-            ..IDLE
-        }],
+        w: vec![
+            full,
+            W {
+                queued_s: Some(0.1),
+                ..IDLE
+            },
+        ],
     };
     assert_eq!(all_picks(p, &v), [1].into());
     assert_eq!(Policy::parse("min_ttft").unwrap().as_str(), "min_ttft");
