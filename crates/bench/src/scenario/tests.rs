@@ -168,3 +168,34 @@ fn cache_aware_variants_see_the_caches_and_the_clairvoyant_bounds_them() {
     assert!(wait_p99(&cost) < 0.5 * wait_p99(&spiral));
     assert!(wait_p99(&bound) <= wait_p99(&cost) && wait_p99(&bound) <= wait_p99(&blind));
 }
+
+#[test]
+fn min_ttft_prices_a_slow_engine_as_slow() {
+    // S1's fleet with engine 0 prefilling 3× slower: tokens of backlog there cost 3× the seconds.
+    let mut s = by_name("s1").unwrap();
+    s.duration_s = 120.0;
+    let arrivals = arrivals(&s, 4, 0.7);
+    let mut slow = s.model;
+    slow.timing.per_prefill_token_us *= 3.0;
+    let p99 = |v: &Variant| {
+        let cfg = SimConfig {
+            engines: vec![slow, s.model, s.model, s.model],
+            routers: s.routers,
+            router: v.router,
+            signal: v.signal,
+            cache: v.cache,
+            freshness_ms: 3000,
+            net_delay_s: 0.001,
+            publish_every: 1,
+            publish_point: s.publish_point,
+            direct: s.direct,
+        };
+        crate::sim::quantile(&crate::sim::simulate(&cfg, &arrivals, 480.0).ttft, 0.99)
+    };
+    let by = |label: &str| *CACHE_VARIANTS.iter().find(|v| v.label == label).unwrap();
+    let (cost, p2c) = (
+        p99(&by("min_ttft / kv-index")),
+        p99(&by("power_of_two / backlog")),
+    );
+    assert!(cost < 0.9 * p2c, "min_ttft {cost} vs backlog P2C {p2c}");
+}

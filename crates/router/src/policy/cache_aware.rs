@@ -40,6 +40,28 @@ impl Default for CacheAware {
 }
 
 impl CacheAware {
+    /// Thresholds from flags (`--cache-threshold`, `--balance-abs-threshold`,
+    /// `--balance-rel-threshold`), checked: a ratio in 0–1, a non-negative difference, a finite
+    /// relative threshold of at least 1.
+    pub fn new(cache_threshold: f64, abs: i64, rel: f64) -> Result<Self, String> {
+        if !(0.0..=1.0).contains(&cache_threshold) {
+            return Err(format!("cache threshold {cache_threshold} is not in 0–1"));
+        }
+        if abs < 0 {
+            return Err(format!("balance abs threshold {abs} is negative"));
+        }
+        if !(rel.is_finite() && rel >= 1.0) {
+            return Err(format!(
+                "balance rel threshold {rel} is not a finite number ≥ 1"
+            ));
+        }
+        Ok(CacheAware {
+            cache_threshold,
+            balance_abs_threshold: abs,
+            balance_rel_threshold: rel,
+        })
+    }
+
     /// Whether loads spanning `min..=max` count as imbalanced.
     pub fn imbalanced(&self, min: i64, max: i64) -> bool {
         max.saturating_sub(min) > self.balance_abs_threshold

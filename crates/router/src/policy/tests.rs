@@ -157,6 +157,15 @@ fn cache_aware_balances_then_follows_the_match_then_the_smallest_tree() {
     };
     assert_eq!(all_picks(p, &v).len(), 4);
     assert_eq!(Policy::parse("cache_aware").unwrap(), p);
+    assert_eq!(CacheAware::new(0.3, 64, 1.5), Ok(CacheAware::default()));
+    for (t, a, r) in [
+        (1.5, 64, 1.5),
+        (0.3, -1, 1.5),
+        (0.3, 64, 0.5),
+        (0.3, 64, f64::NAN),
+    ] {
+        assert!(CacheAware::new(t, a, r).is_err(), "{t} {a} {r}");
+    }
 }
 
 #[test]
