@@ -353,13 +353,19 @@ impl Sim<'_> {
             (Some(p), CacheView::Approx | CacheView::Index) if !p.is_empty() => {
                 page_hashes(&p[..p.len() - 1], page)
             }
+            // A prompt known only by its length is unique text: SGLang's tree still records it
+            // (its smallest-tree choice then balances the text sent), so the approximate tree
+            // records a chain no other request shares.
+            (None, CacheView::Approx) => (0..submit.prompt_tokens / page as u64)
+                .map(|k| mix(i as u64 ^ (k << 40) ^ 0x5e55_1011) as i64)
+                .collect(),
             _ => Vec::new(),
         };
         let (mut cached, mut sizes) = (
             std::mem::take(&mut self.cached),
             std::mem::take(&mut self.sizes),
         );
-        self.caches[r].lookup(&chain, self.engines.len(), &mut cached, &mut sizes);
+        self.caches[r].lookup(&chain, ms(t), self.engines.len(), &mut cached, &mut sizes);
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
             .with_prefix(submit.prompt_tokens, &cached)
             .with_cache_sizes(&sizes);

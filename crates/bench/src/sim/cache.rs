@@ -70,11 +70,12 @@ impl RouterCache {
         }
     }
 
-    /// Per engine: this chain's cached tokens into `cached`, and the whole cache believed there
-    /// into `sizes` (both resized to `engines`).
+    /// Per engine at `now_ms`: this chain's cached tokens into `cached`, and the whole cache
+    /// believed there into `sizes` (both resized to `engines`).
     pub(crate) fn lookup(
         &mut self,
         chain: &[i64],
+        now_ms: u64,
         engines: usize,
         cached: &mut Vec<u64>,
         sizes: &mut Vec<u64>,
@@ -85,7 +86,11 @@ impl RouterCache {
         sizes.resize(engines, 0);
         match self.view {
             CacheView::Blind => return,
-            CacheView::Approx => self.tree.match_into(chain, &mut self.matches),
+            CacheView::Approx => {
+                // Blocks past their age go first, also on workers this replica no longer sends to.
+                self.tree.expire(now_ms);
+                self.tree.match_into(chain, &mut self.matches)
+            }
             CacheView::Index => self.index.match_into(chain, &mut self.matches),
         }
         for &(slot, blocks) in &self.matches {

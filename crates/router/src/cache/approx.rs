@@ -116,8 +116,10 @@ impl ApproxTree {
         st.blocks = blocks;
     }
 
-    /// Forgets blocks of every slot unused since `now_ms - ttl_ms` (callers may call it
-    /// periodically; `record` does it for its own slot).
+    /// Forgets blocks of every slot unused since `now_ms - ttl_ms`. `record` does it for its own
+    /// slot only, so callers call this before reading matches or sizes (cheap: one look at each
+    /// slot's oldest block when nothing expires); otherwise a worker that stopped receiving
+    /// traffic keeps its old blocks, and its size, for ever.
     pub fn expire(&mut self, now_ms: u64) {
         let cutoff = now_ms.saturating_sub(self.ttl_ms);
         for (tree, st) in self.slots.iter_mut().zip(&mut self.stats) {
