@@ -1,7 +1,7 @@
 //! Reports: a table per policy × signal and JSON for machines; the plots for people are in
 //! [`crate::plot`].
 
-use crate::sim::{Outcome, quantile};
+use crate::sim::{Outcome, QueueStats, quantile};
 use serde_json::{Value, json};
 use std::fmt::Write;
 
@@ -143,6 +143,72 @@ pub fn table(rows: &[Row]) -> String {
             "TTFT floor p99 {:.3}s: the same requests alone on an idle engine (own prefill); \
              \"wait\" is TTFT minus that floor, the part routing can change.",
             quantile(&r.outcome.ttft_floor, 0.99)
+        );
+    }
+    s
+}
+
+/// A row of the cache-aware comparison: a [`Row`] plus how unevenly the queues filled.
+pub struct CacheRow {
+    pub row: Row,
+    pub queues: QueueStats,
+}
+
+/// The label of the bound every cache-aware row is compared with.
+pub const CLAIRVOYANT: &str = "clairvoyant";
+
+/// Wait p99 of the clairvoyant row, when there is one.
+fn clairvoyant_wait_p99(rows: &[CacheRow]) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.row.label == CLAIRVOYANT)
+        .map(|r| quantile(&r.row.outcome.waits(), 0.99))
+}
+
+/// [`row_json`] plus the hot-queue figures and the wait p99 as a multiple of the clairvoyant's.
+pub fn cache_rows_json(rows: &[CacheRow]) -> Vec<Value> {
+    let bound = clairvoyant_wait_p99(rows);
+    rows.iter()
+        .map(|r| {
+            let mut j = row_json(&r.row);
+            j["queue_hot_fraction"] = json!(r.queues.hot_fraction);
+            j["queue_hot_longest_s"] = json!(r.queues.hot_longest_s);
+            j["wait_p99_vs_clairvoyant"] =
+                json!(bound.map(|b| quantile(&r.row.outcome.waits(), 0.99) / b));
+            j
+        })
+        .collect()
+}
+
+/// The cache-aware comparison as a table.
+pub fn cache_table(rows: &[CacheRow]) -> String {
+    let mut s = format!(
+        "{:<24} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8}\n",
+        "variant",
+        "TTFT p50",
+        "TTFT p99",
+        "wait p99",
+        "×clairv",
+        "cache hit",
+        "req/s",
+        "queue CV",
+        "hot q %",
+        "hot q s"
+    );
+    for j in cache_rows_json(rows) {
+        let f = |k: &str| j[k].as_f64().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            s,
+            "{:<24} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2} {:>8.1}% {:>8.2} {:>9.3} {:>7.1}% {:>7.0}s",
+            j["variant"].as_str().unwrap_or("?"),
+            f("ttft_p50_s"),
+            f("ttft_p99_s"),
+            f("wait_p99_s"),
+            f("wait_p99_vs_clairvoyant"),
+            f("cache_hit_rate") * 100.0,
+            f("throughput_rps"),
+            f("queue_cv"),
+            f("queue_hot_fraction") * 100.0,
+            f("queue_hot_longest_s"),
         );
     }
     s

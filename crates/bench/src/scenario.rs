@@ -9,13 +9,16 @@
 //! ([`blind_reuse`]), so "85% load" is 85% of what a cache-blind fleet sustains: the baseline a
 //! cache-aware router must beat.
 
-use crate::sim::{DirectTarget, Outcome, SimConfig, simulate};
+use crate::sim::{
+    CacheView, DirectTarget, Outcome, QueueStats, SimConfig, SimRouter, simulate_with_queues,
+};
 use crate::workload::{
     Arrival, ChatSessions, HotPrefix, Len, Pattern, ReuseEstimate, Shape, SharedSystem, Traffic,
     WorkloadSpec, blind_reuse, generate, generate_mix,
 };
 use loadlink_engine::PublishPoint;
 use loadlink_engine::model::ModelConfig;
+use loadlink_router::policy::{CacheAware, MinTtft};
 use loadlink_router::{LoadSignal, Policy};
 
 #[derive(Debug, Clone)]
@@ -232,152 +235,120 @@ pub const VARIANTS: [(Policy, LoadSignal); 7] = [
     (Policy::LeastLoad, LoadSignal::Backlog),
 ];
 
+/// One router variant of a comparison: who routes, on which load signal, with which cache view.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Variant {
+    pub label: &'static str,
+    pub router: SimRouter,
+    pub signal: LoadSignal,
+    pub cache: CacheView,
+}
+
+const fn variant(
+    label: &'static str,
+    router: SimRouter,
+    signal: LoadSignal,
+    cache: CacheView,
+) -> Variant {
+    Variant {
+        label,
+        router,
+        signal,
+        cache,
+    }
+}
+
+/// SGLang-router 0.3.2's `cache_aware` defaults (see [`CacheAware`]).
+const CACHE_AWARE: Policy = Policy::CacheAware(CacheAware {
+    cache_threshold: 0.3,
+    balance_abs_threshold: 64,
+    balance_rel_threshold: 1.5,
+});
+
+/// `min_ttft` with its defaults (see [`MinTtft`]).
+const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
+    per_request_tokens: loadlink_router::book::REQUEST_TOKENS_WEIGHT as f64,
+    kv_pressure_s: 0.5,
+    kv_pressure_from: 0.9,
+    tie_rel: 0.05,
+    tie_abs_s: 0.002,
+});
+
+/// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight
+/// load with its approximate tree and on engine load with the KV index (#28600), `min_ttft` on
+/// either cache view, and the clairvoyant bound.
+pub const CACHE_VARIANTS: [Variant; 7] = [
+    variant(
+        "round_robin",
+        SimRouter::Policy(Policy::RoundRobin),
+        LoadSignal::Inflight,
+        CacheView::Blind,
+    ),
+    variant(
+        "power_of_two / backlog",
+        SimRouter::Policy(Policy::PowerOfTwo),
+        LoadSignal::Backlog,
+        CacheView::Blind,
+    ),
+    variant(
+        "cache_aware / inflight",
+        SimRouter::Policy(CACHE_AWARE),
+        LoadSignal::Inflight,
+        CacheView::Approx,
+    ),
+    variant(
+        "cache_aware / engine",
+        SimRouter::Policy(CACHE_AWARE),
+        LoadSignal::Engine,
+        CacheView::Index,
+    ),
+    variant(
+        "min_ttft / approx",
+        SimRouter::Policy(MIN_TTFT),
+        LoadSignal::Backlog,
+        CacheView::Approx,
+    ),
+    variant(
+        "min_ttft / kv-index",
+        SimRouter::Policy(MIN_TTFT),
+        LoadSignal::Backlog,
+        CacheView::Index,
+    ),
+    variant(
+        "clairvoyant",
+        SimRouter::Clairvoyant,
+        LoadSignal::Backlog,
+        CacheView::Blind,
+    ),
+];
+
 /// Runs one variant of a scenario at `load` (fraction of nominal capacity).
 pub fn run(s: &Scenario, seed: u64, load: f64, policy: Policy, signal: LoadSignal) -> Outcome {
-    let arrivals = arrivals(s, seed, load);
+    let v = variant("", SimRouter::Policy(policy), signal, CacheView::Blind);
+    run_variant(s, seed, load, &v)
+}
+
+/// Runs `v` on the scenario at `load`.
+pub fn run_variant(s: &Scenario, seed: u64, load: f64, v: &Variant) -> Outcome {
+    run_arrivals(s, &arrivals(s, seed, load), v).0
+}
+
+/// Runs `v` on the scenario's fleet with given arrivals (generate them once for many variants).
+pub fn run_arrivals(s: &Scenario, arrivals: &[Arrival], v: &Variant) -> (Outcome, QueueStats) {
     let cfg = SimConfig {
         engines: vec![s.model; s.engines],
         routers: s.routers,
-        policy,
-        signal,
+        router: v.router,
+        signal: v.signal,
+        cache: v.cache,
         freshness_ms: 3000,
         net_delay_s: 0.001,
         publish_every: 1,
         publish_point: s.publish_point,
         direct: s.direct,
     };
-    simulate(&cfg, &arrivals, s.duration_s * 4.0)
+    simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_simulation_is_deterministic_for_a_seed() {
-        let mut s = by_name("s1").unwrap();
-        s.duration_s = 60.0;
-        let a = run(&s, 7, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
-        let b = run(&s, 7, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
-        assert_eq!(a.ttft, b.ttft);
-        assert_eq!(
-            (a.completed, a.decisions, a.fallback_decisions),
-            (b.completed, b.decisions, b.fallback_decisions)
-        );
-        assert!(
-            a.completed > 100 && a.completed == a.submitted,
-            "everything finishes: {} of {}",
-            a.completed,
-            a.submitted
-        );
-        let c = run(&s, 8, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
-        assert_ne!(a.ttft, c.ttft, "another seed, another run");
-    }
-
-    #[test]
-    fn prefix_scenarios_hit_the_cache_and_are_calibrated_on_uncached_tokens() {
-        for name in ["s3", "s4"] {
-            let mut s = by_name(name).unwrap();
-            s.duration_s = 60.0;
-            let blind = blind_estimate(&s, 2).unwrap();
-            assert!(
-                blind.mean_uncached < 0.6 * blind.mean_prompt,
-                "{name}: {blind:?}"
-            );
-            let unique = ReuseEstimate {
-                mean_uncached: blind.mean_prompt,
-                ..blind
-            };
-            let cached = cached_engine_capacity(&s.model, &blind);
-            assert!(
-                cached > 1.2 * cached_engine_capacity(&s.model, &unique),
-                "{name}"
-            );
-            let o = run(&s, 2, 0.85, Policy::RoundRobin, LoadSignal::Inflight);
-            let hit = o.cache_hit_rate().unwrap();
-            assert!(
-                o.completed == o.submitted && o.completed > 500,
-                "{name}: {} of {}",
-                o.completed,
-                o.submitted
-            );
-            // The simulated fleet reuses about what the estimate says (eviction and overlapping
-            // chat turns cost a little).
-            assert!(
-                (hit - blind.hit_rate()).abs() < 0.1,
-                "{name}: {hit} vs {blind:?}"
-            );
-        }
-        let s1 = run(
-            &by_name("s1")
-                .map(|s| Scenario {
-                    duration_s: 30.0,
-                    ..s
-                })
-                .unwrap(),
-            2,
-            0.85,
-            Policy::RoundRobin,
-            LoadSignal::Inflight,
-        );
-        assert_eq!(s1.cache_hit_rate(), Some(0.0));
-    }
-
-    #[test]
-    fn names_give_scenarios_or_shapes() {
-        let short = (None, Some(4.0), Some(30.0));
-        assert!(
-            named_arrivals("chat", 1, short)
-                .unwrap()
-                .iter()
-                .all(|a| a.prompt.is_some())
-        );
-        assert!(
-            named_arrivals("s1", 1, short)
-                .unwrap()
-                .iter()
-                .all(|a| a.prompt.is_none())
-        );
-        assert!(
-            named_arrivals("nope", 1, short)
-                .unwrap_err()
-                .contains("hot-prefix")
-        );
-    }
-
-    #[test]
-    fn engine_load_sees_the_pinned_direct_traffic() {
-        let mut s = by_name("s2").unwrap();
-        s.duration_s = 120.0;
-        let inflight = run(&s, 3, 0.85, Policy::PowerOfTwo, LoadSignal::Inflight);
-        let engine = run(&s, 3, 0.85, Policy::PowerOfTwo, LoadSignal::Engine);
-        let p99 = |o: &Outcome| crate::sim::quantile(&o.ttft, 0.99);
-        assert!(
-            p99(&engine) < p99(&inflight),
-            "engine {} vs inflight {}",
-            p99(&engine),
-            p99(&inflight)
-        );
-        assert_eq!(
-            engine.fallback_decisions, 0,
-            "every engine reports, nothing goes stale"
-        );
-    }
-
-    #[test]
-    fn publishing_before_scheduling_shows_routers_the_prefill_ahead() {
-        let mut s = by_name("s1").unwrap();
-        s.duration_s = 120.0;
-        let mut p99 = |point| {
-            s.publish_point = point;
-            let o = run(&s, 3, 0.85, Policy::PowerOfTwo, LoadSignal::Backlog);
-            crate::sim::quantile(&o.ttft, 0.99)
-        };
-        let ingest = p99(PublishPoint::Ingest);
-        let (scheduled, batch_end) = (p99(PublishPoint::Scheduled), p99(PublishPoint::BatchEnd));
-        assert!(
-            ingest < 0.8 * scheduled && ingest < 0.8 * batch_end,
-            "ingest {ingest} vs scheduled {scheduled} vs batch-end {batch_end}"
-        );
-    }
-}
+mod tests;

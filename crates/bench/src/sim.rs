@@ -9,11 +9,23 @@
 //!   it publishes exactly when `loadlink engine` would; idle engines heartbeat every
 //!   `IDLE_PUBLISH_FLOOR`; each router replica receives a snapshot `net_delay_s` later;
 //! * routed requests are picked by the router replica they arrive at (round-robin over replicas),
-//!   which holds an in-flight guard until the request finishes; direct requests skip routers.
+//!   which holds an in-flight guard until the request finishes; direct requests skip routers;
+//! * each engine's KV events reach every replica's KV index `net_delay_s` later, and each replica
+//!   records what it dispatched in its own approximate tree ([`cache`]); the variant's
+//!   [`CacheView`] says which of them the policy's view reads;
+//! * the [`clairvoyant`] router instead forks every engine's scheduler and sends each request where
+//!   its first token comes soonest.
 
+mod cache;
+mod clairvoyant;
 mod engine;
+mod outcome;
+
+pub use cache::{APPROX_TTL_MS, CacheView};
+pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, quantile};
 
 use crate::workload::Arrival;
+use cache::RouterCache;
 use engine::SimEngine;
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
@@ -21,10 +33,21 @@ use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
 use loadlink_wire::LoadSnapshot;
+use loadlink_wire::kv_events::{KvEvent, page_hashes};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Who routes the routed requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SimRouter {
+    /// Router replicas running a production policy.
+    Policy(Policy),
+    /// The bound: exact knowledge of every engine, soonest first token ([`clairvoyant`]).
+    Clairvoyant,
+}
 
 /// Where direct (router-bypassing) traffic goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +63,10 @@ pub struct SimConfig {
     /// One model config per engine (heterogeneous fleets allowed).
     pub engines: Vec<ModelConfig>,
     pub routers: usize,
-    pub policy: Policy,
+    pub router: SimRouter,
     pub signal: LoadSignal,
+    /// Where the policy's cached-prefix numbers come from.
+    pub cache: CacheView,
     pub freshness_ms: u64,
     /// Publish → router delivery delay.
     pub net_delay_s: f64,
@@ -50,48 +75,6 @@ pub struct SimConfig {
     /// Where in the engine's cycle it publishes (as `loadlink engine --publish-point`).
     pub publish_point: PublishPoint,
     pub direct: DirectTarget,
-}
-
-/// What one run measured.
-#[derive(Debug, Clone, Default)]
-pub struct Outcome {
-    pub ttft: Vec<f64>,
-    /// Each request's TTFT on an idle engine of its kind (its own prefill): what no router can
-    /// remove. Same order as `ttft`.
-    pub ttft_floor: Vec<f64>,
-    pub e2e: Vec<f64>,
-    pub completed: usize,
-    pub submitted: usize,
-    /// Virtual seconds until the last completion.
-    pub makespan: f64,
-    /// Mean over 1 s samples of the coefficient of variation of waiting requests across engines.
-    pub queue_cv: f64,
-    pub decisions: u64,
-    pub fallback_decisions: u64,
-    /// `(cached, prompt)` tokens summed over the fleet's engines for the run; `None`: unknown
-    /// (a live engine that does not export them).
-    pub cache_tokens: Option<(u64, u64)>,
-}
-
-impl Outcome {
-    /// Per request, TTFT minus its floor: the waiting that routing can influence.
-    pub fn waits(&self) -> Vec<f64> {
-        self.ttft
-            .iter()
-            .zip(&self.ttft_floor)
-            .map(|(t, f)| (t - f).max(0.0))
-            .collect()
-    }
-
-    /// Σ cached / Σ prompt tokens over the fleet (0 without prompts; `None` when unknown).
-    pub fn cache_hit_rate(&self) -> Option<f64> {
-        let (cached, prompt) = self.cache_tokens?;
-        Some(if prompt == 0 {
-            0.0
-        } else {
-            cached as f64 / prompt as f64
-        })
-    }
 }
 
 #[derive(Debug)]
@@ -103,6 +86,11 @@ enum Ev {
         engine: usize,
         seq: i64,
         snap: Box<LoadSnapshot>,
+    },
+    Kv {
+        router: usize,
+        engine: usize,
+        events: Rc<Vec<KvEvent>>,
     },
     Heartbeat(usize),
     Sample,
@@ -147,10 +135,53 @@ struct Sim<'a> {
     order: u64,
     engines: Vec<SimEngine>,
     books: Vec<Vec<Arc<Worker>>>,
+    caches: Vec<RouterCache>,
+    /// Scratch for one pick: per engine, the request's cached tokens and the cache's size.
+    cached: Vec<u64>,
+    sizes: Vec<u64>,
     reqs: Vec<Req>,
     out: Outcome,
-    cv_samples: Vec<f64>,
+    queues: QueueSamples,
     horizon: f64,
+}
+
+/// The 1 s samples of the engines' waiting queues.
+#[derive(Default)]
+struct QueueSamples {
+    cv: Vec<f64>,
+    hot: usize,
+    /// (engine, consecutive hot samples) of the current run.
+    run: Option<(usize, usize)>,
+    longest: usize,
+}
+
+impl QueueSamples {
+    fn sample(&mut self, waiting: &[f64]) {
+        let m = waiting.iter().sum::<f64>() / waiting.len().max(1) as f64;
+        let sd = (waiting.iter().map(|x| (x - m).powi(2)).sum::<f64>()
+            / waiting.len().max(1) as f64)
+            .sqrt();
+        self.cv.push(if m > 0.0 { sd / m } else { 0.0 });
+        let hot = (0..waiting.len()).find(|&e| waiting[e] >= HOT_QUEUE_MIN && waiting[e] > 2.0 * m);
+        self.run = match (hot, self.run) {
+            (Some(e), Some((r, n))) if e == r => Some((e, n + 1)),
+            (Some(e), _) => Some((e, 1)),
+            (None, _) => None,
+        };
+        if hot.is_some() {
+            self.hot += 1;
+        }
+        self.longest = self.longest.max(self.run.map_or(0, |r| r.1));
+    }
+
+    fn finish(&self, out: &mut Outcome) -> QueueStats {
+        let n = self.cv.len().max(1) as f64;
+        out.queue_cv = self.cv.iter().sum::<f64>() / n;
+        QueueStats {
+            hot_fraction: self.hot as f64 / n,
+            hot_longest_s: self.longest as f64,
+        }
+    }
 }
 
 fn ms(t: f64) -> u64 {
@@ -167,8 +198,24 @@ impl Sim<'_> {
         });
     }
 
-    /// Sends what engine `e` published to every router replica, `net_delay_s` later.
+    /// Sends what engine `e` published (snapshots and KV events) to every router replica,
+    /// `net_delay_s` later.
     fn deliver_sent(&mut self, e: usize, t: f64) {
+        let kv = self.engines[e].take_kv_events();
+        if !kv.is_empty() && self.cfg.cache == CacheView::Index {
+            let events = Rc::new(kv);
+            for r in 0..self.cfg.routers {
+                let events = events.clone();
+                self.push(
+                    t + self.cfg.net_delay_s,
+                    Ev::Kv {
+                        router: r,
+                        engine: e,
+                        events,
+                    },
+                );
+            }
+        }
         let sent: Vec<_> = self.engines[e].take_sent().collect();
         for s in sent {
             for r in 0..self.cfg.routers {
@@ -234,6 +281,11 @@ impl Sim<'_> {
                 } => {
                     self.books[router][engine].record_at(0, seq, &snap, ms(t));
                 }
+                Ev::Kv {
+                    router,
+                    engine,
+                    events,
+                } => self.caches[router].apply(engine, &events),
                 Ev::Heartbeat(e) => {
                     self.engines[e].heartbeat(t);
                     self.deliver_sent(e, t);
@@ -247,14 +299,7 @@ impl Sim<'_> {
                         .iter()
                         .map(|e| e.num_waiting() as f64)
                         .collect();
-                    let m = w.iter().sum::<f64>() / w.len() as f64;
-                    if m > 0.0 {
-                        let sd = (w.iter().map(|x| (x - m).powi(2)).sum::<f64>() / w.len() as f64)
-                            .sqrt();
-                        self.cv_samples.push(sd / m);
-                    } else {
-                        self.cv_samples.push(0.0);
-                    }
+                    self.queues.sample(&w);
                     if remaining > 0 {
                         self.push(t + 1.0, Ev::Sample);
                     }
@@ -268,6 +313,10 @@ impl Sim<'_> {
 
     fn arrive(&mut self, i: usize, t: f64) {
         let a = &self.arrivals[i];
+        let submit = match &a.prompt {
+            Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
+            None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
+        };
         let n = self.engines.len();
         let engine = if a.direct {
             match self.cfg.direct {
@@ -275,12 +324,54 @@ impl Sim<'_> {
                 DirectTarget::Uniform => (mix(i as u64 ^ 0xd1ec7) % n as u64) as usize,
             }
         } else {
-            let r = i % self.cfg.routers;
-            let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms);
-            view.now_ms = ms(t);
-            let Some(pick) = self.cfg.policy.pick(&view, i as u64) else {
+            let Some(pick) = self.route(i, &submit, t) else {
                 return;
             };
+            pick
+        };
+        self.reqs[i].arrived = t;
+        self.reqs[i].engine = engine;
+        self.out.submitted += 1;
+        let started = self.engines[engine].arrive(submit, t);
+        self.advance(engine, t, started);
+    }
+
+    /// The routed request `i`'s engine, picked by its router replica (or the clairvoyant); holds
+    /// the in-flight guard and records the dispatch in the replica's approximate tree.
+    fn route(&mut self, i: usize, submit: &Submit, t: f64) -> Option<usize> {
+        let policy = match self.cfg.router {
+            SimRouter::Clairvoyant => {
+                self.out.decisions += 1;
+                return Some(clairvoyant::pick(&self.engines, submit, t));
+            }
+            SimRouter::Policy(p) => p,
+        };
+        let r = i % self.cfg.routers;
+        // The chain the engine will match: full pages of all but the prompt's last token.
+        let page = self.cfg.engines.first().map_or(16, |m| m.page_size);
+        let chain = match (&submit.prompt, self.cfg.cache) {
+            (Some(p), CacheView::Approx | CacheView::Index) if !p.is_empty() => {
+                page_hashes(&p[..p.len() - 1], page)
+            }
+            // A prompt known only by its length is unique text: SGLang's tree still records it
+            // (its smallest-tree choice then balances the text sent), so the approximate tree
+            // records a chain no other request shares.
+            (None, CacheView::Approx) => (0..submit.prompt_tokens / page as u64)
+                .map(|k| mix(i as u64 ^ (k << 40) ^ 0x5e55_1011) as i64)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let (mut cached, mut sizes) = (
+            std::mem::take(&mut self.cached),
+            std::mem::take(&mut self.sizes),
+        );
+        self.caches[r].lookup(&chain, ms(t), self.engines.len(), &mut cached, &mut sizes);
+        let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
+            .with_prefix(submit.prompt_tokens, &cached)
+            .with_cache_sizes(&sizes);
+        view.now_ms = ms(t);
+        let pick = policy.pick(&view, i as u64);
+        if let Some(pick) = pick {
             let w = self.books[r][pick].clone();
             self.out.decisions += 1;
             if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t))
@@ -289,23 +380,26 @@ impl Sim<'_> {
             {
                 self.out.fallback_decisions += 1;
             }
-            self.reqs[i].guard = Some(InflightGuard::new(w));
-            pick
-        };
-        self.reqs[i].arrived = t;
-        self.reqs[i].engine = engine;
-        self.out.submitted += 1;
-        let submit = match &a.prompt {
-            Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
-            None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
-        };
-        let started = self.engines[engine].arrive(submit, t);
-        self.advance(engine, t, started);
+            let uncached = submit.prompt_tokens.saturating_sub(cached[pick]);
+            self.reqs[i].guard = Some(InflightGuard::with_tokens(w, uncached));
+            self.caches[r].dispatched(pick, &chain, ms(t));
+        }
+        (self.cached, self.sizes) = (cached, sizes);
+        pick
     }
 }
 
 /// Runs `arrivals` through the configured fleet; gives up at `horizon_s` of virtual time.
 pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcome {
+    simulate_with_queues(cfg, arrivals, horizon_s).0
+}
+
+/// [`simulate`], with how unevenly the engines' queues filled.
+pub fn simulate_with_queues(
+    cfg: &SimConfig,
+    arrivals: &[Arrival],
+    horizon_s: f64,
+) -> (Outcome, QueueStats) {
     let epoch = Instant::now();
     let books = (0..cfg.routers.max(1))
         .map(|_| {
@@ -326,6 +420,15 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
             .map(|(e, m)| SimEngine::new(e as u32, *m, cfg.publish_point, cfg.publish_every))
             .collect(),
         books,
+        caches: (0..cfg.routers.max(1))
+            .map(|_| {
+                let m = cfg.engines.first().copied().unwrap_or_default();
+                let pages = (m.max_total_tokens as usize / m.page_size.max(1)).max(1);
+                RouterCache::new(cfg.cache, m.page_size, pages)
+            })
+            .collect(),
+        cached: Vec::new(),
+        sizes: Vec::new(),
         reqs: arrivals
             .iter()
             .map(|a| Req {
@@ -337,7 +440,7 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
             })
             .collect(),
         out: Outcome::default(),
-        cv_samples: Vec::new(),
+        queues: QueueSamples::default(),
         horizon: horizon_s,
     };
     sim.run();
@@ -358,12 +461,8 @@ pub fn simulate(cfg: &SimConfig, arrivals: &[Arrival], horizon_s: f64) -> Outcom
     out.completed = out.e2e.len();
     let totals = sim.engines.iter().map(SimEngine::cache_totals);
     out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
-    out.queue_cv = if sim.cv_samples.is_empty() {
-        0.0
-    } else {
-        sim.cv_samples.iter().sum::<f64>() / sim.cv_samples.len() as f64
-    };
-    out
+    let queues = sim.queues.finish(&mut out);
+    (out, queues)
 }
 
 /// Time to the first token of a lone request with `prompt` tokens on an idle engine.
@@ -383,14 +482,4 @@ pub fn isolated_ttft(m: ModelConfig, prompt: u64) -> f64 {
             return t;
         }
     }
-}
-
-/// The `p`-quantile (0–1) of `v` (nearest rank); NaN when empty.
-pub fn quantile(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[((s.len() - 1) as f64 * p).round() as usize]
 }

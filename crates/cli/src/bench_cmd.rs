@@ -5,8 +5,10 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use loadlink_bench::plot;
-use loadlink_bench::report::{Row, json_text, row_json, row_json_with_samples, table};
-use loadlink_bench::scenario::{self, Scenario, VARIANTS, by_name};
+use loadlink_bench::report::{
+    CacheRow, Row, cache_rows_json, cache_table, json_text, row_json, row_json_with_samples, table,
+};
+use loadlink_bench::scenario::{self, CACHE_VARIANTS, Scenario, VARIANTS, by_name};
 use loadlink_engine::PublishPoint;
 use loadlink_router::LoadSignal;
 use std::io::Write;
@@ -147,6 +149,11 @@ pub struct SimArgs {
     /// Virtual seconds of arrivals (default: the scenario's, 600).
     #[arg(long)]
     duration: Option<f64>,
+    /// Which comparison: `load` (load-only policies × signals) or `cache` (round robin, backlog
+    /// P2C, cache_aware on in-flight and on engine load, min_ttft on the approximate tree and on
+    /// the KV index, and the clairvoyant bound).
+    #[arg(long, default_value = "load", value_parser = ["load", "cache"])]
+    variants: String,
 }
 
 /// Output files name the publish point when it is not the default, so runs do not overwrite each
@@ -188,6 +195,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
         s.publish_point.as_str()
     );
     calibration(&s, seed, load);
+    if a.variants == "cache" {
+        return cache_comparison(&s, seed, load, out);
+    }
     let rows: Vec<Row> = VARIANTS
         .iter()
         .map(|&v| Row {
@@ -227,6 +237,42 @@ pub fn run(c: BenchCommand) -> Result<()> {
         )?);
     }
     let path = out.join(format!("{}.json", stem(&s)));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    println!("wrote {}", names(&path, &plots));
+    Ok(())
+}
+
+/// The cache-aware comparison on one seed: table, JSON (`{stem}-cache-seed{seed}.json`) and the
+/// TTFT plot.
+fn cache_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
+    let arrivals = scenario::arrivals(s, seed, load);
+    let rows: Vec<CacheRow> = CACHE_VARIANTS
+        .iter()
+        .map(|v| {
+            eprint!("\r{:<24}", v.label);
+            let _ = std::io::stderr().flush();
+            let (outcome, queues) = scenario::run_arrivals(s, &arrivals, v);
+            CacheRow {
+                row: Row {
+                    label: v.label.to_string(),
+                    load,
+                    outcome,
+                },
+                queues,
+            }
+        })
+        .collect();
+    eprintln!();
+    print!("{}", cache_table(&rows));
+    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": cache_rows_json(&rows) });
+    let stem = format!("{}-cache-seed{seed}", stem(s));
+    let plain: Vec<Row> = rows.into_iter().map(|r| r.row).collect();
+    let plots = plot::ttft_cdf(
+        &out.join(format!("{stem}-ttft-cdf")),
+        &plot::ttft_title(s.name, false, s.publish_point.as_str(), load),
+        &plain,
+    )?;
+    let path = out.join(format!("{stem}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", names(&path, &plots));
     Ok(())

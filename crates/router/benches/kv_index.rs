@@ -1,8 +1,9 @@
 //! The KV index's two hot paths: ingesting block events, and the longest-prefix match of an
-//! 8k-token prompt (512 blocks of 16) against 64 workers.
+//! 8k-token prompt (512 blocks of 16) against 64 workers; and the approximate tree's two: recording
+//! a dispatched 8k-token chain, and the same match.
 
 use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
-use loadlink_router::cache::KvIndex;
+use loadlink_router::cache::{ApproxTree, KvIndex};
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, page_hashes};
 
 const BLOCKS: usize = 512;
@@ -63,6 +64,30 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             ix.match_into(black_box(&prompt), &mut out);
             out.len()
+        })
+    });
+
+    // The approximate tree, built the same way: every worker was sent a different-length prefix of
+    // the prompt's chain and one unrelated chain.
+    let mut tree = ApproxTree::new(1 << 20, u64::MAX);
+    for w in 0..WORKERS {
+        let depth = (w as usize * BLOCKS / WORKERS as usize).max(1);
+        tree.record(w, &prompt[..depth], 1);
+        tree.record(w, &chain(1000 + w), 1);
+    }
+    c.bench_function("approx_match_8k_prompt_64_workers", |b| {
+        b.iter(|| {
+            tree.match_into(black_box(&prompt), &mut out);
+            out.len()
+        })
+    });
+    // Record: the steady state of a router re-sending a known 8k-token chain (every block
+    // restamped), the common case for multi-turn sessions and shared system prompts.
+    let mut now = 2;
+    c.bench_function("approx_record_8k_chain", |b| {
+        b.iter(|| {
+            now += 1;
+            tree.record(5, black_box(&prompt), now);
         })
     });
 }

@@ -389,6 +389,8 @@ pub struct FleetView<'a> {
     pub prompt_tokens: u64,
     /// Per worker (same order as `workers`), the request's tokens cached there; empty: unknown.
     pub cached: &'a [u64],
+    /// Per worker, the tokens the router believes cached there in all; empty: unknown.
+    pub cache_sizes: &'a [u64],
 }
 
 impl<'a> FleetView<'a> {
@@ -402,6 +404,7 @@ impl<'a> FleetView<'a> {
             now_ms,
             prompt_tokens: 0,
             cached: &[],
+            cache_sizes: &[],
         }
     }
 
@@ -410,6 +413,18 @@ impl<'a> FleetView<'a> {
         self.prompt_tokens = prompt_tokens;
         self.cached = cached;
         self
+    }
+
+    /// The view with the router's belief of each worker's whole cache size, in tokens.
+    pub fn with_cache_sizes(mut self, cache_sizes: &'a [u64]) -> Self {
+        self.cache_sizes = cache_sizes;
+        self
+    }
+
+    /// Worker `i`'s pricing inputs at this view's `now`.
+    #[inline]
+    fn pricing(&self, i: usize) -> crate::book::Pricing {
+        self.workers[i].pricing_at(self.signal, self.freshness_ms, self.now_ms)
     }
 
     /// Leaves worker `i` out of the next picks of this request (it was tried and failed).
@@ -440,5 +455,29 @@ impl View for FleetView<'_> {
     #[inline]
     fn cached_tokens(&self, i: usize) -> u64 {
         self.cached.get(i).copied().unwrap_or(0)
+    }
+    fn cache_size(&self, i: usize) -> u64 {
+        self.cache_sizes.get(i).copied().unwrap_or(0)
+    }
+    #[inline]
+    fn queued_prefill_s(&self, i: usize) -> Option<f64> {
+        let p = self.pricing(i);
+        p.queued_tokens.map(|q| q as f64 * p.us_per_token / 1e6)
+    }
+    #[inline]
+    fn engine_requests(&self, i: usize) -> Option<i64> {
+        let l = self.workers[i].load_at(LoadSignal::Engine, self.freshness_ms, self.now_ms);
+        (self.signal != LoadSignal::Inflight && l.source == crate::book::Source::Engine)
+            .then_some(l.requests)
+    }
+    #[inline]
+    fn prefill_s_per_token(&self, i: usize) -> f64 {
+        self.pricing(i).us_per_token / 1e6
+    }
+    fn kv_usage(&self, i: usize) -> f64 {
+        self.pricing(i).kv_usage
+    }
+    fn inflight(&self, i: usize) -> i64 {
+        self.workers[i].inflight()
     }
 }

@@ -26,7 +26,7 @@ pub mod subscribe;
 pub mod watch;
 pub mod zctx;
 
-pub use book::{InflightGuard, Load, LoadSignal, Source, Worker};
+pub use book::{InflightGuard, Load, LoadSignal, Pricing, Source, Worker};
 pub use config::RouterConfig;
 pub use metrics::Metrics;
 pub use policy::{Policy, View};

@@ -9,6 +9,7 @@ use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_engine::{CycleEvent, PublishCycle, PublishPoint};
 use loadlink_publish::{LoadSource, MemorySink, Publisher, Sent, sink_interval};
 use loadlink_wire::LoadSnapshot;
+use loadlink_wire::kv_events::KvEvent;
 use std::sync::mpsc::Receiver;
 
 /// The engine's load source: its scheduler, read at the current virtual time.
@@ -29,6 +30,8 @@ pub(crate) struct SimEngine {
     sent: Receiver<Sent>,
     cycle: PublishCycle,
     busy: bool,
+    /// When the running step ends (meaningful while `busy`).
+    busy_until: f64,
     /// Requests arrived during the running step (taken in at its end).
     arrived: bool,
     /// Under [`PublishPoint::BatchEnd`], those requests: not taken in before the publish.
@@ -48,7 +51,7 @@ impl SimEngine {
     ) -> Self {
         let (sink, sent) = MemorySink::new(sink_interval(publish_every));
         let source = SimSource {
-            sched: Scheduler::new(model),
+            sched: Scheduler::with_kv_events(model),
             rank,
             now: 0.0,
         };
@@ -57,6 +60,7 @@ impl SimEngine {
             sent,
             cycle: PublishCycle::new(point),
             busy: false,
+            busy_until: 0.0,
             arrived: false,
             inbox: Vec::new(),
             pending: Vec::new(),
@@ -75,6 +79,21 @@ impl SimEngine {
     /// Lifetime `(cached, prompt)` tokens of the engine's admissions.
     pub(crate) fn cache_totals(&self) -> (u64, u64) {
         self.publisher.source().sched.cache_totals()
+    }
+
+    /// The KV events of the engine's cache since the last call, in order.
+    pub(crate) fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.sched().take_kv_events()
+    }
+
+    /// A copy of the scheduler as it will be when it next schedules, and when that is: the end of
+    /// the running step, or `now` when idle (for the clairvoyant router's forward simulation).
+    pub(crate) fn fork(&self, now: f64) -> (Scheduler, f64) {
+        let mut sched = self.publisher.source().sched.clone();
+        for s in &self.inbox {
+            sched.submit(s.clone());
+        }
+        (sched, if self.busy { self.busy_until } else { now })
     }
 
     /// Snapshots published since the last call, in order.
@@ -97,6 +116,7 @@ impl SimEngine {
             return None;
         }
         self.busy = true;
+        self.busy_until = t + step.duration;
         self.pending = step.events;
         Some(step.duration)
     }

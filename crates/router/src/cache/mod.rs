@@ -5,16 +5,20 @@
 //!   request path (readers), with the (worker, rank) → slot map and the per-stream counters;
 //! * [`request`]: a request's block-hash chain, through the router's [`tokenizer`] (the engine's
 //!   deterministic one, or a real model's `tokenizer.json` and chat template).
+//! * [`approx`]: for workers without KV events, what this router sent them (bounded by size and
+//!   age), answering in the same shape as the index;
 //!
 //! Policies never touch an index: the request path asks for this request's cached prefix on every
 //! worker and hands those numbers to the policy through its [`crate::policy::View`].
 
+pub mod approx;
 pub mod index;
 mod report;
 pub mod request;
 pub mod stream;
 pub mod tokenizer;
 
+pub use approx::{ApproxStats, ApproxTree};
 pub use index::{KvIndex, Slot, SlotStats};
 pub use request::PromptChain;
 pub use stream::{CacheBook, DEFAULT_MAX_BLOCKS, ResyncReason, StreamStats};

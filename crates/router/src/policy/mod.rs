@@ -1,7 +1,20 @@
 //! Routing policies. Pure: `pick(view, entropy)` with no I/O, no clock and no allocation, so the
 //! same code runs in the live router and in a simulator. The view carries the loads (already
-//! merged by the `LoadBook`, with `now` baked in); `entropy` is a per-request number (the router
-//! uses its request sequence), from which the randomised policies derive their choices.
+//! merged by the `LoadBook`, with `now` baked in) and, for cache-aware policies, this request's
+//! cached prefix on each worker and what pricing in time needs; `entropy` is a per-request number
+//! (the router uses its request sequence), from which the randomised policies derive their choices.
+//!
+//! * load only: `round_robin`, `random`, `power_of_two`, `least_load` (here);
+//! * [`cache_aware`]: SGLang's cache-aware algorithm (thresholds in [`CacheAware`]);
+//! * [`min_ttft`]: loadlink's cost policy, the predicted time to first token ([`MinTtft`]).
+
+pub mod cache_aware;
+pub mod min_ttft;
+
+pub use cache_aware::CacheAware;
+pub use min_ttft::MinTtft;
+
+use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
 /// What a policy may look at.
 pub trait View {
@@ -22,14 +35,47 @@ pub trait View {
     fn cached_tokens(&self, _i: usize) -> u64 {
         0
     }
+    /// Tokens the router believes worker `i` caches in all (the size of its tree or index slot):
+    /// `cache_aware` sends a request without a good match to the worker with the least.
+    fn cache_size(&self, _i: usize) -> u64 {
+        0
+    }
+    /// Seconds of prefill queued on worker `i`: the engine-reported backlog plus what this router
+    /// dispatched there since the snapshot, at the worker's measured speed. `None` when its engine
+    /// load is not usable (stale, no load range, or the in-flight signal).
+    fn queued_prefill_s(&self, _i: usize) -> Option<f64> {
+        None
+    }
+    /// Requests on worker `i` by its engine (running + waiting, plus dispatches since the
+    /// snapshot); `None` as for [`View::queued_prefill_s`].
+    fn engine_requests(&self, _i: usize) -> Option<i64> {
+        None
+    }
+    /// Seconds worker `i` needs per uncached prompt token (measured; a prior until measured).
+    fn prefill_s_per_token(&self, _i: usize) -> f64 {
+        PRIOR_US_PER_TOKEN / 1e6
+    }
+    /// Worker `i`'s KV usage, 0–1 (its fullest rank; 0 when unknown).
+    fn kv_usage(&self, _i: usize) -> f64 {
+        0.0
+    }
+    /// This router's open requests on worker `i`.
+    fn inflight(&self, _i: usize) -> i64 {
+        0
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A routing policy and its parameters (`Copy`: it travels in the router's config).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Policy {
     RoundRobin,
     Random,
     PowerOfTwo,
     LeastLoad,
+    /// SGLang's cache-aware policy; its load is [`View::load`] (the configured signal).
+    CacheAware(CacheAware),
+    /// loadlink's cost policy: the least predicted time to first token.
+    MinTtft(MinTtft),
 }
 
 impl Policy {
@@ -39,8 +85,11 @@ impl Policy {
             "random" => Ok(Policy::Random),
             "power_of_two" => Ok(Policy::PowerOfTwo),
             "least_load" => Ok(Policy::LeastLoad),
+            "cache_aware" => Ok(Policy::CacheAware(CacheAware::default())),
+            "min_ttft" => Ok(Policy::MinTtft(MinTtft::default())),
             o => Err(format!(
-                "unknown policy {o:?}; expected round_robin, random, power_of_two or least_load"
+                "unknown policy {o:?}; expected round_robin, random, power_of_two, least_load, \
+                 cache_aware or min_ttft"
             )),
         }
     }
@@ -51,6 +100,8 @@ impl Policy {
             Policy::Random => "random",
             Policy::PowerOfTwo => "power_of_two",
             Policy::LeastLoad => "least_load",
+            Policy::CacheAware(_) => "cache_aware",
+            Policy::MinTtft(_) => "min_ttft",
         }
     }
 
@@ -87,6 +138,8 @@ impl Policy {
                 }
             }
             Policy::LeastLoad => return least_available(view, entropy),
+            Policy::CacheAware(p) => return p.pick(view, entropy),
+            Policy::MinTtft(p) => return p.pick(view, entropy),
         };
         if view.available(first) {
             return Some(first);
@@ -97,7 +150,7 @@ impl Policy {
 }
 
 /// The available worker with the least load; ties broken by rotating the start with `entropy`.
-fn least_available(view: &impl View, entropy: u64) -> Option<usize> {
+pub(crate) fn least_available(view: &impl View, entropy: u64) -> Option<usize> {
     let n = view.len();
     let start = (entropy % n as u64) as usize;
     let mut best: Option<(i64, usize)> = None;
@@ -123,57 +176,30 @@ pub fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct V(Vec<(i64, bool)>);
-    impl View for V {
-        fn len(&self) -> usize {
-            self.0.len()
+/// The available worker with the smallest `key`; ties broken by rotating the start with
+/// `entropy`.
+pub(crate) fn argmin_by<K: PartialOrd>(
+    view: &impl View,
+    entropy: u64,
+    key: impl Fn(usize) -> K,
+) -> Option<usize> {
+    let n = view.len();
+    if n == 0 {
+        return None;
+    }
+    let start = (entropy % n as u64) as usize;
+    let mut best: Option<(K, usize)> = None;
+    for i in (0..n).map(|k| (start + k) % n) {
+        if !view.available(i) {
+            continue;
         }
-        fn load(&self, i: usize) -> i64 {
-            self.0[i].0
-        }
-        fn available(&self, i: usize) -> bool {
-            self.0[i].1
+        let k = key(i);
+        if best.as_ref().is_none_or(|(bk, _)| k < *bk) {
+            best = Some((k, i));
         }
     }
-
-    #[test]
-    fn each_policy_respects_availability_and_load() {
-        let v = V(vec![(5, true), (1, true), (9, false), (3, true)]);
-        assert_eq!(Policy::LeastLoad.pick(&v, 7), Some(1));
-        for e in 0..1000 {
-            for p in [
-                Policy::RoundRobin,
-                Policy::Random,
-                Policy::PowerOfTwo,
-                Policy::LeastLoad,
-            ] {
-                assert_ne!(p.pick(&v, e), Some(2), "{p:?} picked an unavailable worker");
-            }
-        }
-        assert_eq!(Policy::PowerOfTwo.pick(&V(vec![(0, false); 4]), 1), None);
-        assert_eq!(Policy::RoundRobin.pick(&V(vec![]), 1), None);
-    }
-
-    #[test]
-    fn power_of_two_prefers_the_lighter_of_two_and_spreads_ties() {
-        let v = V(vec![(100, true), (0, true)]);
-        assert!((0..100).all(|e| Policy::PowerOfTwo.pick(&v, e) == Some(1)));
-        let even = V(vec![(0, true); 8]);
-        let mut hits = [0; 8];
-        for e in 0..8000 {
-            hits[Policy::PowerOfTwo.pick(&even, e).unwrap()] += 1;
-        }
-        assert!(
-            hits.iter().all(|&h| h > 700),
-            "ties spread evenly: {hits:?}"
-        );
-        let rr: Vec<_> = (0..4)
-            .map(|e| Policy::RoundRobin.pick(&even, e).unwrap())
-            .collect();
-        assert_eq!(rr, [0, 1, 2, 3]);
-    }
+    best.map(|(_, i)| i)
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,8 +10,19 @@
 //! atomic, so the request path reads loads without locks or allocation, and a subscriber thread
 //! updates them without blocking it. Engine-reported numbers are clamped to
 //! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound.
+//!
+//! For pricing in time ([`Worker::pricing_at`]) the book also keeps each rank's measured prefill
+//! speed ([`prefill_rate`]), its KV usage, and the prompt tokens this router dispatched since the
+//! snapshot (counted per dispatch by [`InflightGuard::with_tokens`], [`DISPATCH_TOKENS_GUESS`] per
+//! dispatch that does not say).
+
+pub mod prefill_rate;
+mod pricing;
+
+pub use pricing::Pricing;
 
 use loadlink_wire::{FrameError, LoadSnapshot};
+use prefill_rate::{PRIOR_US_PER_TOKEN, PrefillRate};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -111,6 +122,10 @@ pub struct RankState {
     pub backlog: AtomicI64,
     /// f64 bits of the KV token usage (0–1).
     pub token_usage_bits: AtomicU64,
+    /// The rank's measured prefill speed.
+    pub prefill: PrefillRate,
+    /// The worker's dispatched-token counter when that message arrived.
+    tokens_mark: AtomicU64,
 }
 
 /// Why a worker is on the fallback signal no matter what (shown in `/workers` and metrics).
@@ -125,6 +140,8 @@ pub struct Worker {
     pub no_load_reason: FallbackReason,
     inflight: AtomicI64,
     dispatched: AtomicU64,
+    /// Prompt tokens this router expected each dispatch to compute, summed.
+    dispatched_tokens: AtomicU64,
     pub requests_total: AtomicU64,
     pub failures_total: AtomicU64,
     pub healthy: AtomicBool,
@@ -141,6 +158,11 @@ pub struct Worker {
     agg_backlog: AtomicI64,
     agg_oldest_rx: AtomicU64,
     agg_mark: AtomicU64,
+    agg_tokens_mark: AtomicU64,
+    /// f64 bits: the worker's µs per prefill token (its ranks prefill in parallel), prior included.
+    agg_us_per_token_bits: AtomicU64,
+    /// f64 bits: the fullest rank's KV usage (0–1).
+    agg_kv_usage_bits: AtomicU64,
     epoch: Instant,
 }
 
@@ -162,6 +184,7 @@ impl Worker {
             no_load_reason,
             inflight: AtomicI64::new(0),
             dispatched: AtomicU64::new(0),
+            dispatched_tokens: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
             failures_total: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
@@ -173,6 +196,9 @@ impl Worker {
             agg_backlog: AtomicI64::new(0),
             agg_oldest_rx: AtomicU64::new(0),
             agg_mark: AtomicU64::new(0),
+            agg_tokens_mark: AtomicU64::new(0),
+            agg_us_per_token_bits: AtomicU64::new(PRIOR_US_PER_TOKEN.to_bits()),
+            agg_kv_usage_bits: AtomicU64::new(0),
             epoch,
         }
     }
@@ -238,8 +264,14 @@ impl Worker {
             .to_bits(),
             Relaxed,
         );
+        r.prefill.observe(
+            snap.total_prefill_uncached_tokens,
+            snap.total_prefill_busy_us,
+        );
         r.dispatch_mark
             .store(self.dispatched.load(Relaxed), Relaxed);
+        r.tokens_mark
+            .store(self.dispatched_tokens.load(Relaxed), Relaxed);
         r.received_ms.store(now.max(1), Relaxed);
         self.aggregate();
         true
@@ -267,18 +299,28 @@ impl Worker {
     fn aggregate(&self) {
         let (mut e, mut tokens, mut oldest, mut mark, mut backlog) =
             (0i64, 0i64, u64::MAX, u64::MAX, 0i64);
+        let (mut tokens_mark, mut tokens_per_us, mut kv_usage) = (u64::MAX, 0.0f64, 0.0f64);
         for r in &self.ranks {
             backlog += r.backlog.load(Relaxed);
             e += r.requests.load(Relaxed);
             tokens += r.tokens.load(Relaxed);
             oldest = oldest.min(r.received_ms.load(Relaxed));
             mark = mark.min(r.dispatch_mark.load(Relaxed));
+            tokens_mark = tokens_mark.min(r.tokens_mark.load(Relaxed));
+            tokens_per_us += 1.0 / r.prefill.us_per_token().unwrap_or(PRIOR_US_PER_TOKEN);
+            kv_usage = kv_usage.max(f64::from_bits(r.token_usage_bits.load(Relaxed)));
         }
         // Receive time last: a reader that sees it fresh sees the sums that go with it.
         self.agg_requests.store(e, Relaxed);
         self.agg_tokens.store(tokens, Relaxed);
         self.agg_backlog.store(backlog, Relaxed);
         self.agg_mark.store(mark, Relaxed);
+        self.agg_tokens_mark.store(tokens_mark, Relaxed);
+        if tokens_per_us > 0.0 {
+            self.agg_us_per_token_bits
+                .store((1.0 / tokens_per_us).to_bits(), Relaxed);
+        }
+        self.agg_kv_usage_bits.store(kv_usage.to_bits(), Relaxed);
         self.agg_oldest_rx
             .store(oldest, std::sync::atomic::Ordering::Release);
     }
@@ -388,8 +430,17 @@ pub struct InflightGuard {
 }
 
 impl InflightGuard {
-    /// Counts a dispatch and an open request on `worker`.
+    /// Counts a dispatch and an open request on `worker`, expected to prefill
+    /// [`DISPATCH_TOKENS_GUESS`] tokens there.
     pub fn new(worker: Arc<Worker>) -> Self {
+        Self::with_tokens(worker, DISPATCH_TOKENS_GUESS as u64)
+    }
+
+    /// [`InflightGuard::new`] for a request expected to prefill `uncached_tokens` there (its prompt
+    /// minus the prefix the router believes cached), so cost policies count what was dispatched
+    /// since the last snapshot in tokens.
+    pub fn with_tokens(worker: Arc<Worker>, uncached_tokens: u64) -> Self {
+        worker.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
         worker.inflight.fetch_add(1, Relaxed);
         worker.dispatched.fetch_add(1, Relaxed);
         worker.requests_total.fetch_add(1, Relaxed);
@@ -408,126 +459,4 @@ impl Drop for InflightGuard {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn snap(running: i64, waiting: i64) -> LoadSnapshot {
-        LoadSnapshot {
-            num_running_reqs: running,
-            num_waiting_reqs: waiting,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn load_combines_engine_dispatches_and_inflight() {
-        let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
-        assert_eq!(
-            w.load(LoadSignal::Engine, 3000).source,
-            Source::Fallback,
-            "no snapshot yet"
-        );
-        w.record(0, 0, &snap(3, 2));
-        assert_eq!(
-            w.load(LoadSignal::Engine, 3000).source,
-            Source::Fallback,
-            "rank 1 never reported"
-        );
-        w.record(1, 0, &snap(1, 0));
-        let l = w.load(LoadSignal::Engine, 3000);
-        assert_eq!((l.requests, l.source), (6, Source::Engine));
-        let g1 = InflightGuard::new(w.clone());
-        let g2 = InflightGuard::new(w.clone());
-        assert_eq!(
-            w.load(LoadSignal::Engine, 3000).requests,
-            8,
-            "E + D: dispatches since the snapshot"
-        );
-        assert_eq!(w.load(LoadSignal::Inflight, 3000).requests, 2);
-        w.record(0, 1, &snap(5, 2));
-        w.record(1, 1, &snap(1, 0));
-        assert_eq!(
-            w.load(LoadSignal::Engine, 3000).requests,
-            8,
-            "the snapshot now includes them"
-        );
-        drop((g1, g2));
-        assert_eq!(w.inflight(), 0);
-        std::thread::sleep(std::time::Duration::from_millis(3));
-        assert_eq!(
-            w.load(LoadSignal::Engine, 1).source,
-            Source::Fallback,
-            "stale beyond the freshness bound"
-        );
-    }
-
-    #[test]
-    fn max_of_inflight_and_engine_and_clamps() {
-        let w = Arc::new(Worker::new("http://a".into(), 1, None, Instant::now()));
-        w.record(0, 0, &snap(-50, i64::MAX));
-        assert_eq!(w.load(LoadSignal::Engine, 3000).requests, MAX_REPORTED);
-        w.record(0, 1, &snap(0, 0));
-        let guards: Vec<_> = (0..4).map(|_| InflightGuard::new(w.clone())).collect();
-        w.record(0, 2, &snap(1, 0));
-        assert_eq!(
-            w.load(LoadSignal::Engine, 3000).requests,
-            4,
-            "F wins when the engine under-reports"
-        );
-        drop(guards);
-    }
-
-    #[test]
-    fn backlog_signal_prices_prefill_work_in_tokens() {
-        let a = Arc::new(Worker::new("http://a".into(), 1, None, Instant::now()));
-        let b = Arc::new(Worker::new("http://b".into(), 1, None, Instant::now()));
-        // A: one request with a long prompt still to prefill. B: three short ones decoding.
-        a.record(
-            0,
-            0,
-            &LoadSnapshot {
-                num_waiting_reqs: 1,
-                num_waiting_uncached_tokens: 6000,
-                ..Default::default()
-            },
-        );
-        b.record(0, 0, &snap(3, 0));
-        let score = |w: &Worker, s| w.load(s, 3000).score;
-        assert!(
-            score(&a, LoadSignal::Engine) < score(&b, LoadSignal::Engine),
-            "by counts A looks idle"
-        );
-        assert!(
-            score(&a, LoadSignal::Backlog) > score(&b, LoadSignal::Backlog),
-            "by backlog A is the slow one"
-        );
-        assert_eq!(score(&a, LoadSignal::Backlog), 6000 + REQUEST_TOKENS_WEIGHT);
-        let _g = InflightGuard::new(b.clone());
-        assert_eq!(
-            score(&b, LoadSignal::Backlog),
-            3 * REQUEST_TOKENS_WEIGHT + DISPATCH_TOKENS_GUESS
-        );
-    }
-
-    #[test]
-    fn seq_tracking() {
-        let w = Worker::new("http://a".into(), 1, None, Instant::now());
-        assert_eq!(w.record(0, 5, &snap(0, 0)), SeqEvent::InOrder);
-        assert_eq!(w.record(0, 6, &snap(0, 0)), SeqEvent::InOrder);
-        assert_eq!(w.record(0, 9, &snap(0, 0)), SeqEvent::Gap);
-        assert_eq!(w.ranks[0].gaps.load(Relaxed), 2);
-        assert_eq!(w.record(0, 0, &snap(0, 0)), SeqEvent::Restart);
-        assert_eq!(w.record(0, 1, &snap(0, 0)), SeqEvent::InOrder);
-        assert_eq!(w.record(3, 1, &snap(0, 0)), SeqEvent::UnknownRank);
-    }
-
-    #[test]
-    fn breaker_opens_after_threshold() {
-        let w = Worker::new("http://a".into(), 0, None, Instant::now());
-        w.failed(3, 60_000);
-        w.failed(3, 60_000);
-        assert!(w.available());
-        w.failed(3, 60_000);
-        assert!(!w.available() && w.breaker_open());
-    }
-}
+mod tests;

@@ -1,0 +1,67 @@
+//! What one run measured, and the quantile every report uses.
+
+/// How unevenly the engines' waiting queues were filled, from 1 s samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueueStats {
+    /// Fraction of samples in which some engine's queue was hot: above twice the fleet's mean and
+    /// at least [`HOT_QUEUE_MIN`] requests.
+    pub hot_fraction: f64,
+    /// The longest run of consecutive hot samples of one engine, seconds.
+    pub hot_longest_s: f64,
+}
+
+/// A queue counts as hot only from this many waiting requests (a queue of 1 against a mean of 0.25
+/// is noise, not a pile-up).
+pub const HOT_QUEUE_MIN: f64 = 4.0;
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub ttft: Vec<f64>,
+    /// Each request's TTFT on an idle engine of its kind (its own prefill): what no router can
+    /// remove. Same order as `ttft`.
+    pub ttft_floor: Vec<f64>,
+    pub e2e: Vec<f64>,
+    pub completed: usize,
+    pub submitted: usize,
+    /// Virtual seconds until the last completion.
+    pub makespan: f64,
+    /// Mean over 1 s samples of the coefficient of variation of waiting requests across engines.
+    pub queue_cv: f64,
+    pub decisions: u64,
+    pub fallback_decisions: u64,
+    /// `(cached, prompt)` tokens summed over the fleet's engines for the run; `None`: unknown
+    /// (a live engine that does not export them).
+    pub cache_tokens: Option<(u64, u64)>,
+}
+
+impl Outcome {
+    /// Per request, TTFT minus its floor: the waiting that routing can influence.
+    pub fn waits(&self) -> Vec<f64> {
+        self.ttft
+            .iter()
+            .zip(&self.ttft_floor)
+            .map(|(t, f)| (t - f).max(0.0))
+            .collect()
+    }
+
+    /// Σ cached / Σ prompt tokens over the fleet (0 without prompts; `None` when unknown).
+    pub fn cache_hit_rate(&self) -> Option<f64> {
+        let (cached, prompt) = self.cache_tokens?;
+        Some(if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        })
+    }
+}
+
+/// The `p`-quantile (0–1) of `v` (nearest rank); NaN when empty.
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}

@@ -1,0 +1,167 @@
+//! The book's unit tests: load merging, clamps, the backlog signal, seqs, the breaker, and the
+//! prefill-rate meter.
+
+use super::*;
+
+fn snap(running: i64, waiting: i64) -> LoadSnapshot {
+    LoadSnapshot {
+        num_running_reqs: running,
+        num_waiting_reqs: waiting,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn load_combines_engine_dispatches_and_inflight() {
+    let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+    assert_eq!(
+        w.load(LoadSignal::Engine, 3000).source,
+        Source::Fallback,
+        "no snapshot yet"
+    );
+    w.record(0, 0, &snap(3, 2));
+    assert_eq!(
+        w.load(LoadSignal::Engine, 3000).source,
+        Source::Fallback,
+        "rank 1 never reported"
+    );
+    w.record(1, 0, &snap(1, 0));
+    let l = w.load(LoadSignal::Engine, 3000);
+    assert_eq!((l.requests, l.source), (6, Source::Engine));
+    let g1 = InflightGuard::new(w.clone());
+    let g2 = InflightGuard::new(w.clone());
+    assert_eq!(
+        w.load(LoadSignal::Engine, 3000).requests,
+        8,
+        "E + D: dispatches since the snapshot"
+    );
+    assert_eq!(w.load(LoadSignal::Inflight, 3000).requests, 2);
+    w.record(0, 1, &snap(5, 2));
+    w.record(1, 1, &snap(1, 0));
+    assert_eq!(
+        w.load(LoadSignal::Engine, 3000).requests,
+        8,
+        "the snapshot now includes them"
+    );
+    drop((g1, g2));
+    assert_eq!(w.inflight(), 0);
+    std::thread::sleep(std::time::Duration::from_millis(3));
+    assert_eq!(
+        w.load(LoadSignal::Engine, 1).source,
+        Source::Fallback,
+        "stale beyond the freshness bound"
+    );
+}
+
+#[test]
+fn max_of_inflight_and_engine_and_clamps() {
+    let w = Arc::new(Worker::new("http://a".into(), 1, None, Instant::now()));
+    w.record(0, 0, &snap(-50, i64::MAX));
+    assert_eq!(w.load(LoadSignal::Engine, 3000).requests, MAX_REPORTED);
+    w.record(0, 1, &snap(0, 0));
+    let guards: Vec<_> = (0..4).map(|_| InflightGuard::new(w.clone())).collect();
+    w.record(0, 2, &snap(1, 0));
+    assert_eq!(
+        w.load(LoadSignal::Engine, 3000).requests,
+        4,
+        "F wins when the engine under-reports"
+    );
+    drop(guards);
+}
+
+#[test]
+fn backlog_signal_prices_prefill_work_in_tokens() {
+    let a = Arc::new(Worker::new("http://a".into(), 1, None, Instant::now()));
+    let b = Arc::new(Worker::new("http://b".into(), 1, None, Instant::now()));
+    // A: one request with a long prompt still to prefill. B: three short ones decoding.
+    a.record(
+        0,
+        0,
+        &LoadSnapshot {
+            num_waiting_reqs: 1,
+            num_waiting_uncached_tokens: 6000,
+            ..Default::default()
+        },
+    );
+    b.record(0, 0, &snap(3, 0));
+    let score = |w: &Worker, s| w.load(s, 3000).score;
+    assert!(
+        score(&a, LoadSignal::Engine) < score(&b, LoadSignal::Engine),
+        "by counts A looks idle"
+    );
+    assert!(
+        score(&a, LoadSignal::Backlog) > score(&b, LoadSignal::Backlog),
+        "by backlog A is the slow one"
+    );
+    assert_eq!(score(&a, LoadSignal::Backlog), 6000 + REQUEST_TOKENS_WEIGHT);
+    let _g = InflightGuard::new(b.clone());
+    assert_eq!(
+        score(&b, LoadSignal::Backlog),
+        3 * REQUEST_TOKENS_WEIGHT + DISPATCH_TOKENS_GUESS
+    );
+}
+
+#[test]
+fn seq_tracking() {
+    let w = Worker::new("http://a".into(), 1, None, Instant::now());
+    assert_eq!(w.record(0, 5, &snap(0, 0)), SeqEvent::InOrder);
+    assert_eq!(w.record(0, 6, &snap(0, 0)), SeqEvent::InOrder);
+    assert_eq!(w.record(0, 9, &snap(0, 0)), SeqEvent::Gap);
+    assert_eq!(w.ranks[0].gaps.load(Relaxed), 2);
+    assert_eq!(w.record(0, 0, &snap(0, 0)), SeqEvent::Restart);
+    assert_eq!(w.record(0, 1, &snap(0, 0)), SeqEvent::InOrder);
+    assert_eq!(w.record(3, 1, &snap(0, 0)), SeqEvent::UnknownRank);
+}
+
+#[test]
+fn breaker_opens_after_threshold() {
+    let w = Worker::new("http://a".into(), 0, None, Instant::now());
+    w.failed(3, 60_000);
+    w.failed(3, 60_000);
+    assert!(w.available());
+    w.failed(3, 60_000);
+    assert!(!w.available() && w.breaker_open());
+}
+
+#[test]
+fn pricing_counts_dispatched_tokens_since_the_snapshot_and_the_measured_speed() {
+    let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+    let p = |w: &Worker, s| w.pricing_at(s, 3000, w.now_ms());
+    assert_eq!(
+        p(&w, LoadSignal::Backlog).queued_tokens,
+        None,
+        "no snapshot yet"
+    );
+    let snap = |backlog, tokens, busy_us| LoadSnapshot {
+        num_waiting_uncached_tokens: backlog,
+        total_prefill_uncached_tokens: tokens,
+        total_prefill_busy_us: busy_us,
+        token_usage: Some(0.5),
+        ..Default::default()
+    };
+    w.record(0, 0, &snap(1000, 0, 0));
+    w.record(1, 0, &snap(500, 0, 0));
+    let g = InflightGuard::with_tokens(w.clone(), 300);
+    let got = p(&w, LoadSignal::Backlog);
+    assert_eq!(got.queued_tokens, Some(1800));
+    assert_eq!(got.inflight, 1);
+    assert_eq!(
+        got.us_per_token,
+        prefill_rate::PRIOR_US_PER_TOKEN / 2.0,
+        "two ranks"
+    );
+    assert!((got.kv_usage - 0.5).abs() < 1e-9);
+    assert_eq!(p(&w, LoadSignal::Inflight).queued_tokens, None);
+    // Both ranks measured at 200 µs/token: 100 µs/token for the worker; the snapshot now
+    // includes the dispatch.
+    w.record(0, 1, &snap(1300, 10_000, 2_000_000));
+    w.record(1, 1, &snap(500, 10_000, 2_000_000));
+    let got = p(&w, LoadSignal::Engine);
+    assert_eq!(got.queued_tokens, Some(1800));
+    assert!(
+        (got.us_per_token - 100.0).abs() < 1e-9,
+        "{}",
+        got.us_per_token
+    );
+    drop(g);
+}

@@ -1,0 +1,104 @@
+//! `min_ttft`: loadlink's cost policy. For every available worker it predicts this request's time
+//! to first token in seconds and picks the least:
+//!
+//! ```text
+//! ttft(i) = (queued(i) + uncached(i) + per_request_tokens · requests(i)) · s_per_token(i)
+//!           + kv_penalty(i)
+//! ```
+//! * `queued(i)`: the engine-reported prefill backlog plus the tokens this router dispatched there
+//!   since the snapshot (both from the book, [`View::queued_prefill_s`]);
+//! * `uncached(i)`: this request's prompt minus its prefix cached there (KV index or approximate
+//!   tree): the cache's whole effect is to make this term small;
+//! * `requests(i)`: queued and running requests; each costs decode steps interleaved with the
+//!   prefill (the backlog signal's per-request weight);
+//! * `s_per_token(i)`: that engine's measured prefill speed, so a slow engine is priced as slow;
+//! * `kv_penalty(i)`: grows linearly from `kv_pressure_from` to full KV usage, up to
+//!   `kv_pressure_s` (a full pool delays admission and risks retraction).
+//!
+//! When a worker's engine load is stale, it is priced on this router's in-flight count instead
+//! (each open request as [`DISPATCH_TOKENS_GUESS`] tokens plus its per-request weight).
+//!
+//! **Herding.** Router replicas see the same snapshots, and a hot prefix makes one worker the
+//! cheapest for many requests. What keeps them apart: (1) the price is in seconds and includes the
+//! queue, so the cached worker stops being cheapest exactly when waiting there costs more than
+//! recomputing the prefix elsewhere; the prefix then spreads; (2) each dispatch is added to the
+//! worker's queue at once, in tokens (the book's dispatched-since-snapshot correction), so one
+//! replica does not send a burst to one worker between snapshots; (3) workers whose price is within
+//! a small band of the best (`tie_rel` of it, at least `tie_abs_s`) are ties, and one of them is
+//! drawn with `entropy`, so replicas that see the same numbers still spread their picks.
+
+use super::{View, mix};
+use crate::book::DISPATCH_TOKENS_GUESS;
+
+/// `min_ttft`'s parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MinTtft {
+    /// Prompt tokens each running or waiting request adds to a worker's price.
+    pub per_request_tokens: f64,
+    /// Seconds added at full KV usage.
+    pub kv_pressure_s: f64,
+    /// KV usage (0–1) from which the penalty starts.
+    pub kv_pressure_from: f64,
+    /// Relative width of the tie band around the best price.
+    pub tie_rel: f64,
+    /// Absolute width of the tie band, seconds.
+    pub tie_abs_s: f64,
+}
+
+impl Default for MinTtft {
+    fn default() -> Self {
+        MinTtft {
+            per_request_tokens: crate::book::REQUEST_TOKENS_WEIGHT as f64,
+            kv_pressure_s: 0.5,
+            kv_pressure_from: 0.9,
+            tie_rel: 0.05,
+            tie_abs_s: 0.002,
+        }
+    }
+}
+
+impl MinTtft {
+    /// The predicted seconds to this request's first token on worker `i`.
+    pub fn predicted_ttft_s(&self, view: &impl View, i: usize) -> f64 {
+        let s_tok = view.prefill_s_per_token(i);
+        let prompt = match view.prompt_tokens() {
+            0 => DISPATCH_TOKENS_GUESS as u64,
+            p => p,
+        };
+        let uncached = prompt - view.cached_tokens(i).min(prompt);
+        let queued_s = match (view.queued_prefill_s(i), view.engine_requests(i)) {
+            (Some(q), Some(r)) => q + r.max(0) as f64 * self.per_request_tokens * s_tok,
+            _ => {
+                let f = view.inflight(i).max(0) as f64;
+                f * (DISPATCH_TOKENS_GUESS as f64 + self.per_request_tokens) * s_tok
+            }
+        };
+        let over = (view.kv_usage(i) - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
+        let kv_penalty = self.kv_pressure_s * over.clamp(0.0, 1.0);
+        queued_s + uncached as f64 * s_tok + kv_penalty
+    }
+
+    /// The chosen worker, or `None` when none is available.
+    pub fn pick(&self, view: &impl View, entropy: u64) -> Option<usize> {
+        let n = view.len();
+        let mut best = f64::INFINITY;
+        for i in (0..n).filter(|&i| view.available(i)) {
+            best = best.min(self.predicted_ttft_s(view, i));
+        }
+        if !best.is_finite() {
+            return (0..n).find(|&i| view.available(i)); // no price (NaN input): any available
+        }
+        let band = best + (best * self.tie_rel).max(self.tie_abs_s);
+        let within = |i: usize| view.available(i) && self.predicted_ttft_s(view, i) <= band;
+        // Reservoir sampling over the ties: each is drawn with equal chance, with no allocation.
+        let mut chosen = None;
+        let mut seen = 0u64;
+        for i in (0..n).filter(|&i| within(i)) {
+            seen += 1;
+            if mix(entropy ^ seen.wrapping_mul(0x2545_f491_4f6c_dd1d)).is_multiple_of(seen) {
+                chosen = Some(i);
+            }
+        }
+        chosen
+    }
+}
