@@ -1,7 +1,9 @@
 //! `RouterConfig`: everything `loadlink route` is configured with, its defaults, and the checks
 //! made before anything binds. One place, so the CLI, the demo and the tests agree on defaults.
 
+use crate::admission::AdmissionConfig;
 use crate::book::LoadSignal;
+use crate::cache::PrefixSource;
 use crate::fleet::validate_url;
 use crate::membership::MembershipConfig;
 use crate::policy::Policy;
@@ -33,6 +35,15 @@ pub struct RouterConfig {
     pub ingest_threads: usize,
     /// Bound on distinct blocks in the KV index (`--kv-index-max-blocks`).
     pub kv_index_max_blocks: usize,
+    /// `--tokenizer`: a Hugging Face `tokenizer.json` (or its directory); `None`: the simulated
+    /// engine's tokenizer.
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Tokens per page of a request's block chain (the engines' page size).
+    pub page_size: usize,
+    /// Which cache view prices workers (`--prefix-source`).
+    pub prefix_source: PrefixSource,
+    /// Admission caps and the overload answer.
+    pub admission: AdmissionConfig,
     pub admin_token: Option<String>,
     /// Workers from a watched file and DNS, besides `worker_urls`.
     pub membership: MembershipConfig,
@@ -60,6 +71,10 @@ impl Default for RouterConfig {
             discovery_concurrency: 32,
             ingest_threads: 1,
             kv_index_max_blocks: crate::cache::DEFAULT_MAX_BLOCKS,
+            tokenizer: None,
+            page_size: 16,
+            prefix_source: PrefixSource::Auto,
+            admission: AdmissionConfig::default(),
             admin_token: None,
             membership: MembershipConfig {
                 dns_interval_ms: 5000,

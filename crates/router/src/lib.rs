@@ -8,6 +8,7 @@
 //! [`server`], which only wires routes and runs the process. See `docs/router.md`.
 
 pub mod admin;
+pub mod admission;
 pub mod book;
 pub mod cache;
 pub mod config;

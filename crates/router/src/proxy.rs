@@ -6,7 +6,9 @@
 //! jitter, only before any byte reached the client; they also feed the worker's circuit breaker.
 //! Upstream sockets use TCP_NODELAY and responses are passed through frame by frame (no buffering).
 
+use crate::admission;
 use crate::book::{InflightGuard, Source, Worker};
+use crate::cache::Lookup;
 use crate::fleet::FleetView;
 use crate::policy::mix;
 use crate::state::{AppState, error_response};
@@ -191,9 +193,26 @@ pub async fn forward(
             "no workers configured; start with --worker-urls or add one with POST /workers",
         );
     }
+    let budget = match admission::slo_budget(
+        headers
+            .get(admission::SLO_HEADER)
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        Ok(b) => b,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
+    };
     let out = Outgoing::new(method, &uri, headers, body);
     let cfg = &st.cfg;
+    let lookup = cache_lookup(&st, uri.path(), &out.body, &workers);
     let mut view = FleetView::new(&workers, cfg.load_signal, cfg.freshness_ms);
+    if let Some(l) = &lookup {
+        view = view
+            .with_prefix(l.prompt.prompt_tokens, &l.cached)
+            .with_cache_sizes(&l.sizes);
+    }
+    if let Err(refused) = admission::admit(&st, &mut view, budget).await {
+        return refused;
+    }
     let mut backoff = Backoff::new(cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms);
     let mut last_error = String::new();
     for attempt in 0..=cfg.max_retries {
@@ -201,7 +220,12 @@ pub async fn forward(
             break;
         };
         let worker = &workers[idx];
-        match try_worker(&st, worker, &out, started).await {
+        let uncached = lookup.as_ref().map(|l| {
+            st.cache.record_dispatch(l, &workers, idx, view.now_ms);
+            worker.count_prefix(l.prompt.prompt_tokens, l.cached[idx]);
+            l.prompt.prompt_tokens.saturating_sub(l.cached[idx])
+        });
+        match try_worker(&st, worker, &out, started, uncached).await {
             Attempt::Answered(resp) => return resp,
             Attempt::Failed(failure) => {
                 worker.failed(cfg.breaker_threshold, cfg.breaker_cooldown_ms);
@@ -217,12 +241,28 @@ pub async fn forward(
     all_failed(&st, &last_error)
 }
 
+/// This request's cached prefix on every worker, when the policy prices caches.
+fn cache_lookup(st: &AppState, path: &str, body: &[u8], workers: &[Arc<Worker>]) -> Option<Lookup> {
+    if !st.cfg.policy.uses_cache() {
+        return None;
+    }
+    let now = workers.first()?.now_ms();
+    st.cache.lookup(&st.prefix, path, body, workers, now)
+}
+
 /// Picks a worker for this attempt and counts the decision. `None`: nobody is available.
+/// Workers over an admission cap are left out while any other may take the request.
 fn pick(st: &AppState, view: &mut FleetView<'_>, attempt: u32) -> Option<(u64, usize)> {
     let cfg = &st.cfg;
     let seq = st.seq.fetch_add(1, Relaxed);
     view.now_ms = view.workers[0].now_ms();
-    let idx = cfg.policy.pick(&*view, seq)?;
+    let capped = cfg
+        .admission
+        .capped()
+        .then(|| admission::Capped::new(&*view, &cfg.admission));
+    let idx = capped
+        .and_then(|c| cfg.policy.pick(&c, seq))
+        .or_else(|| cfg.policy.pick(&*view, seq))?;
     if attempt > 0 {
         st.metrics.retries.fetch_add(1, Relaxed);
     }
@@ -241,8 +281,12 @@ async fn try_worker(
     worker: &Arc<Worker>,
     out: &Outgoing,
     started: Instant,
+    uncached_tokens: Option<u64>,
 ) -> Attempt {
-    let guard = InflightGuard::new(worker.clone());
+    let guard = match uncached_tokens {
+        Some(t) => InflightGuard::with_tokens(worker.clone(), t),
+        None => InflightGuard::new(worker.clone()),
+    };
     let req = match out.to(&worker.url) {
         Ok(r) => r,
         Err(e) => {

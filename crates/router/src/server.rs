@@ -30,6 +30,8 @@ pub struct RouterHandle {
 pub enum RouterError {
     #[error("--worker-urls: {0}")]
     WorkerUrl(String),
+    #[error("{0}")]
+    Tokenizer(String),
     #[error(transparent)]
     Descriptors(#[from] crate::fdlimit::FdLimitError),
     #[error("binding {addr}: {source}")]
@@ -72,7 +74,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
         .validated_worker_urls()
         .map_err(RouterError::WorkerUrl)?;
     let (listener, local) = bind(&cfg.bind_addr()).await?;
-    let state = Arc::new(AppState::new(cfg));
+    let state = Arc::new(AppState::new(cfg).map_err(RouterError::Tokenizer)?);
     add_workers(&state, &urls).await?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, app(state.clone()), rx));

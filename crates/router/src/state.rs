@@ -1,7 +1,7 @@
 //! The state every handler shares (`AppState`) and the one JSON error shape the router answers
 //! with. Its own module so the proxy, the admin API and the server depend on it, not on each other.
 
-use crate::cache::CacheBook;
+use crate::cache::{CacheBook, PrefixSettings, RouterTokenizer};
 use crate::config::RouterConfig;
 use crate::fleet::{Fleet, HttpClient};
 use crate::metrics::Metrics;
@@ -18,6 +18,10 @@ pub struct AppState {
     /// Every worker's cached blocks, fed by their KV-event streams (the same `Arc` the fleet
     /// registers workers in). The request path asks it for a prompt's cached tokens per worker.
     pub cache: Arc<CacheBook>,
+    /// How requests become cache lookups (tokenizer, page size, which view).
+    pub prefix: PrefixSettings,
+    /// The admission queue and its counters.
+    pub admission: crate::admission::AdmissionState,
     pub client: HttpClient,
     /// Request sequence: seeds random policies and retry jitter.
     pub seq: AtomicU64,
@@ -29,9 +33,17 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(cfg: RouterConfig) -> Self {
+    /// The state for `cfg`; fails only when `--tokenizer` cannot be loaded.
+    pub fn new(cfg: RouterConfig) -> Result<Self, String> {
         let cache = Arc::new(CacheBook::new(cfg.kv_index_max_blocks));
-        AppState {
+        let prefix = PrefixSettings {
+            tokenizer: RouterTokenizer::load(cfg.tokenizer.as_deref())?,
+            page_size: cfg.page_size.max(1),
+            source: cfg.prefix_source,
+        };
+        Ok(AppState {
+            prefix,
+            admission: Default::default(),
             fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone()),
             cache,
             cfg,
@@ -40,7 +52,7 @@ impl AppState {
             metrics: Metrics::default(),
             stopping: AtomicBool::new(false),
             membership: Default::default(),
-        }
+        })
     }
 }
 

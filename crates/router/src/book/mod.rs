@@ -143,6 +143,10 @@ pub struct Worker {
     /// Prompt tokens this router expected each dispatch to compute, summed.
     dispatched_tokens: AtomicU64,
     pub requests_total: AtomicU64,
+    /// Prompt tokens of the requests this router sent here after a cache lookup, and how many of
+    /// them it believed cached here (their ratio is the hit rate the router routed for).
+    pub routed_prompt_tokens: AtomicU64,
+    pub routed_cached_tokens: AtomicU64,
     pub failures_total: AtomicU64,
     pub healthy: AtomicBool,
     /// Circuit breaker: consecutive failures and the time (ms since epoch) it reopens for traffic.
@@ -186,6 +190,8 @@ impl Worker {
             dispatched: AtomicU64::new(0),
             dispatched_tokens: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
+            routed_prompt_tokens: AtomicU64::new(0),
+            routed_cached_tokens: AtomicU64::new(0),
             failures_total: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU64::new(0),
@@ -207,6 +213,13 @@ impl Worker {
     /// and passed to [`Worker::load_at`] / [`Worker::available_at`], so a pick reads the clock once.
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Counts a request of `prompt` tokens sent here with `cached` of them believed cached.
+    pub fn count_prefix(&self, prompt: u64, cached: u64) {
+        self.routed_prompt_tokens.fetch_add(prompt, Relaxed);
+        self.routed_cached_tokens
+            .fetch_add(cached.min(prompt), Relaxed);
     }
 
     /// Counts a dropped frame under its reason.

@@ -29,9 +29,12 @@ impl PromptChain {
         let route = PromptRoute::of_path(path)?;
         let m = json_object(body).ok()?;
         let ids = prompt_of(route, &m).ok()?.token_ids(tok);
+        // The engine matches all but the prompt's last token (its logits must be computed), so
+        // only the full pages of that part can ever be a hit.
+        let matchable = &ids[..ids.len().saturating_sub(1)];
         Some(PromptChain {
             prompt_tokens: ids.len() as u64,
-            chain: page_hashes(&ids, page_size),
+            chain: page_hashes(matchable, page_size),
         })
     }
 }
@@ -48,8 +51,12 @@ mod tests {
         let body = serde_json::json!({ "prompt": text }).to_string();
         let c = PromptChain::of_request("/v1/completions", body.as_bytes(), &tok, 16).unwrap();
         assert_eq!(c.prompt_tokens, 40);
-        assert_eq!(c.chain, page_hashes(&tokenize(&text), 16));
-        assert_eq!(c.chain.len(), 2, "only full pages");
+        assert_eq!(c.chain, page_hashes(&tokenize(&text)[..39], 16));
+        assert_eq!(
+            c.chain.len(),
+            2,
+            "only full pages of all but the last token"
+        );
         assert_eq!(PromptChain::of_request("/v1/models", b"{}", &tok, 16), None);
         assert_eq!(PromptChain::of_request("/generate", b"{", &tok, 16), None);
     }

@@ -18,6 +18,7 @@
 //! replays); this type only does it and counts it.
 
 use super::index::{KvIndex, Slot};
+use super::lookup::ApproxSlots;
 use crate::book::Worker;
 use loadlink_wire::kv_events::{KvEvent, KvEventBatch};
 use smallvec::SmallVec;
@@ -25,7 +26,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Default bound on distinct blocks (`--kv-index-max-blocks`): 4 Mi blocks, about 64 Mi tokens
 /// at page 16; a few hundred MB of index at most.
@@ -156,6 +157,8 @@ pub(crate) struct Inner {
 pub struct CacheBook {
     inner: RwLock<Inner>,
     pub counters: CacheCounters,
+    /// What this router sent to workers priced without a stream (see `lookup.rs`).
+    approx: Mutex<ApproxSlots>,
 }
 
 /// Reused buffers of [`CacheBook::cached_tokens`], one set per thread.
@@ -193,7 +196,36 @@ impl CacheBook {
                 no_stream: HashMap::new(),
             }),
             counters: CacheCounters::default(),
+            approx: Mutex::default(),
         }
+    }
+
+    pub(crate) fn approx_lock(&self) -> MutexGuard<'_, ApproxSlots> {
+        self.approx.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// For each of `workers`: whether it has a KV-event stream, and (into `blocks`, resized) the
+    /// blocks its fullest rank holds.
+    pub fn stream_blocks(&self, workers: &[Arc<Worker>], blocks: &mut Vec<u64>) -> Vec<bool> {
+        blocks.clear();
+        blocks.resize(workers.len(), 0);
+        let g = self.read();
+        workers
+            .iter()
+            .zip(blocks.iter_mut())
+            .map(|(w, b)| match g.workers.get(&key(w)) {
+                Some(e) => {
+                    *b = e
+                        .ranks
+                        .iter()
+                        .map(|(slot, _)| g.index.slot_stats(*slot).blocks)
+                        .max()
+                        .unwrap_or(0);
+                    true
+                }
+                None => false,
+            })
+            .collect()
     }
 
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, Inner> {
@@ -248,6 +280,7 @@ impl CacheBook {
 
     /// Forgets `worker`: clears its slots and frees their ids. Call after its sockets are closed.
     pub fn unregister(&self, worker: &Arc<Worker>) {
+        self.approx_lock().forget(worker);
         let mut g = self.write();
         if let Some(e) = g.workers.remove(&key(worker)) {
             for (slot, _) in e.ranks {

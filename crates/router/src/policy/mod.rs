@@ -105,6 +105,12 @@ impl Policy {
         }
     }
 
+    /// Whether the policy reads cached prefixes (the router then looks each request up in its
+    /// caches; load-only policies skip the tokenizer and the lookup).
+    pub fn uses_cache(self) -> bool {
+        matches!(self, Policy::CacheAware(_) | Policy::MinTtft(_))
+    }
+
     /// The chosen worker, or `None` when none is available.
     pub fn pick(self, view: &impl View, entropy: u64) -> Option<usize> {
         let n = view.len();
