@@ -11,8 +11,8 @@
 //!   (sglang-router's `--prometheus-port` defaults to 29000, which two replicas would share);
 //! * `{replica}`: the replica's index, 0-based.
 //!
-//! `{port}` and `{workers}` are required; any other `{…}` is refused, so a typo fails at parse
-//! time, not half-way through a run.
+//! `{port}` and `{workers}` are required; any other `{name}` is refused, so a typo fails at parse
+//! time, not half-way through a run (the shell's `${…}` and JSON braces pass through).
 
 use crate::scenario::VARIANTS;
 
@@ -141,13 +141,27 @@ impl ExternalRouter {
     }
 }
 
-/// Whether `word` holds a `{…}` that is not one of [`PLACEHOLDERS`].
+/// Whether `word` holds a `{name}` (letters, digits, `_`) that is not one of [`PLACEHOLDERS`].
+/// A `${…}` is the shell's and other braces (JSON) are not placeholders, so both pass.
 fn unknown_placeholder(word: &str) -> bool {
-    let mut stripped = word.to_string();
-    for p in PLACEHOLDERS {
-        stripped = stripped.replace(p, "");
+    let bytes = word.as_bytes();
+    let mut i = 0;
+    while let Some(open) = word[i..].find('{').map(|o| o + i) {
+        i = open + 1;
+        if open > 0 && bytes[open - 1] == b'$' {
+            continue;
+        }
+        let Some(close) = word[i..].find('}').map(|c| c + i) else {
+            break;
+        };
+        let name = &word[open + 1..close];
+        let is_name =
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if is_name && !PLACEHOLDERS.contains(&&word[open..=close]) {
+            return true;
+        }
     }
-    stripped.contains('{') || stripped.contains('}')
+    false
 }
 
 #[cfg(test)]
@@ -200,6 +214,9 @@ mod tests {
         assert!(err("x=r {workers}").contains("{port}"));
         assert!(err("x=r --port {port}").contains("{workers}"));
         assert!(err("x=r --port {prot} {port} {workers}").contains("unknown placeholder"));
+        // The shell's ${…} and JSON braces are not placeholders.
+        let ok = ExternalRouter::parse(r#"x=sh -c echo${IFS}{port} {"a":1} {workers}"#);
+        assert!(ok.is_ok(), "{ok:?}");
     }
 
     #[test]
