@@ -3,9 +3,14 @@
 //! `--time-scale` (arrivals are sent at t / K, measured times are multiplied by K). Every process it
 //! starts is killed when the run ends (or fails).
 //!
-//! A run is: start the engines and wait until they answer; then per variant, start the routers and
-//! wait until each sees every engine's load, drive the traffic while sampling queue imbalance,
-//! read the routers' decision counters, and wait for the engines to drain.
+//! A run is: start the engines and wait until they answer; then per variant, flush the engines'
+//! caches, start the routers and wait until each knows every engine, drive the traffic while
+//! sampling queue imbalance, read the routers' decision counters, stop the routers, and wait for
+//! the engines to drain.
+//!
+//! A variant is loadlink's router under any policy and load signal, or an external router started
+//! from a command template, such as the real `sglang-router` (`live/variant.rs`, `live/routers.rs`): the
+//! comparison with a peer is then measured on the same engines and the same trace.
 
 use crate::report::Row;
 use crate::scenario::{Scenario, arrivals};
