@@ -9,8 +9,9 @@
 //! the engines to drain.
 //!
 //! A variant is loadlink's router under any policy and load signal, or an external router started
-//! from a command template, such as the real `sglang-router` (`live/variant.rs`, `live/routers.rs`): the
-//! comparison with a peer is then measured on the same engines and the same trace.
+//! from a command template, such as the real `sglang-router` (`live/variant.rs`,
+//! `live/routers.rs`): the comparison with a peer is then measured on the same engines and the
+//! same trace.
 
 use crate::report::Row;
 use crate::scenario::{Scenario, arrivals};
