@@ -18,9 +18,9 @@ use crate::scenario::{Scenario, arrivals};
 use crate::sim::Outcome;
 use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
-pub(crate) mod scrape;
 mod procs;
 mod routers;
+pub(crate) mod scrape;
 mod traffic;
 mod variant;
 

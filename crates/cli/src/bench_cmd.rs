@@ -364,7 +364,11 @@ fn live(a: LiveArgs) -> Result<()> {
 /// The variants `bench live` runs: the named ones, or the simulation's list.
 fn live_variants(a: &LiveArgs) -> Vec<LiveVariant> {
     let named = a.variants.iter().cloned();
-    let external = a.external_routers.iter().cloned().map(LiveVariant::External);
+    let external = a
+        .external_routers
+        .iter()
+        .cloned()
+        .map(LiveVariant::External);
     let all: Vec<LiveVariant> = named.chain(external).collect();
     if all.is_empty() {
         LiveVariant::defaults()
@@ -376,5 +380,10 @@ fn live_variants(a: &LiveArgs) -> Vec<LiveVariant> {
 /// The 1, 5 and 15 minute load averages (`/proc/loadavg`), when the system says.
 fn load_average() -> Option<String> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+    Some(
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
 }

@@ -33,7 +33,12 @@ fn an_external_router_is_started_per_replica_driven_and_reported_beside_loadlink
     let template = format!("self={EXE} route --port {{port}} --worker-urls {{workers}}");
     let run = bench_live(
         &out,
-        &["--variant", "round_robin/inflight", "--external-router", &template],
+        &[
+            "--variant",
+            "round_robin/inflight",
+            "--external-router",
+            &template,
+        ],
     );
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
@@ -44,7 +49,10 @@ fn an_external_router_is_started_per_replica_driven_and_reported_beside_loadlink
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("s3-live.json")).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    let labels: Vec<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
+    let labels: Vec<&str> = rows
+        .iter()
+        .map(|r| r["variant"].as_str().unwrap())
+        .collect();
     assert_eq!(labels, ["round_robin / inflight", "self"]);
     for r in rows {
         let submitted = r["submitted"].as_u64().unwrap();
@@ -64,15 +72,16 @@ fn an_external_router_is_started_per_replica_driven_and_reported_beside_loadlink
 #[test]
 fn an_external_router_that_dies_at_start_up_fails_the_run_with_its_output() {
     let out = out_dir("dies");
-    let template = "dies=sh -c echo_then_exit {port} {workers}".replace(
-        "echo_then_exit",
-        "echo${IFS}no-such-flag;exit${IFS}3",
-    );
+    let template = "dies=sh -c echo_then_exit {port} {workers}"
+        .replace("echo_then_exit", "echo${IFS}no-such-flag;exit${IFS}3");
     let run = bench_live(&out, &["--external-router", &template]);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
     assert!(stderr.contains("dies exited at start-up"), "{stderr}");
-    assert!(stderr.contains("no-such-flag"), "the log tail is shown: {stderr}");
+    assert!(
+        stderr.contains("no-such-flag"),
+        "the log tail is shown: {stderr}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
 

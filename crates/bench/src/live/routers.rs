@@ -187,10 +187,10 @@ async fn external_ready(client: &reqwest::Client, url: &str, engines: usize) -> 
     };
     if r.status() == reqwest::StatusCode::NOT_FOUND {
         return client
-                .get(format!("{url}/health"))
-                .send()
-                .await
-                .is_ok_and(|h| h.status().is_success());
+            .get(format!("{url}/health"))
+            .send()
+            .await
+            .is_ok_and(|h| h.status().is_success());
     }
     let Ok(v) = r.json::<serde_json::Value>().await else {
         return false;

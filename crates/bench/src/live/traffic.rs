@@ -123,7 +123,10 @@ mod tests {
 
     #[test]
     fn ids_text_is_four_characters_per_token_and_keeps_prefixes() {
-        assert_eq!(ids_text(&[0, 1, 35, 36, (1 << 17) - 1]), "00000001000z00102t4v");
+        assert_eq!(
+            ids_text(&[0, 1, 35, 36, (1 << 17) - 1]),
+            "00000001000z00102t4v"
+        );
         let a = ids_text(&[500, 600, 700]);
         let b = ids_text(&[500, 600, 701]);
         assert_eq!(a.len(), 12);

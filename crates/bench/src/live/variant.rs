@@ -20,7 +20,10 @@ use crate::scenario::VARIANTS;
 #[derive(Debug, Clone, PartialEq)]
 pub enum LiveVariant {
     /// `loadlink route --policy POLICY --load-signal SIGNAL`.
-    Loadlink { policy: String, signal: String },
+    Loadlink {
+        policy: String,
+        signal: String,
+    },
     External(ExternalRouter),
 }
 
