@@ -3,23 +3,32 @@
 //! `--time-scale` (arrivals are sent at t / K, measured times are multiplied by K). Every process it
 //! starts is killed when the run ends (or fails).
 //!
-//! A run is: start the engines and wait until they answer; then per variant, start the routers and
-//! wait until each sees every engine's load, drive the traffic while sampling queue imbalance,
-//! read the routers' decision counters, and wait for the engines to drain.
+//! A run is: start the engines and wait until they answer; then per variant, flush the engines'
+//! caches, start the routers and wait until each knows every engine, drive the traffic while
+//! sampling queue imbalance, read the routers' decision counters, stop the routers, and wait for
+//! the engines to drain.
+//!
+//! A variant is loadlink's router under any policy and load signal, or an external router started
+//! from a command template, such as the real `sglang-router` (`live/variant.rs`,
+//! `live/routers.rs`): the comparison with a peer is then measured on the same engines and the
+//! same trace.
 
 use crate::report::Row;
-use crate::scenario::{Scenario, VARIANTS, arrivals};
-use crate::sim::{DirectTarget, Outcome, isolated_ttft};
+use crate::scenario::{Scenario, arrivals};
+use crate::sim::Outcome;
 use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
-use loadlink_router::LoadSignal;
-use loadlink_router::Policy;
-use loadlink_router::policy::mix;
+mod procs;
+mod routers;
 pub(crate) mod scrape;
+mod traffic;
+mod variant;
 
+pub use variant::{ExternalRouter, LiveVariant, Slot};
+
+use procs::{Procs, spawn};
 use scrape::{fleet_cache_counters, metric};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,28 +42,8 @@ pub struct LiveConfig {
     pub time_scale: f64,
     /// Virtual seconds of arrivals per variant.
     pub duration_s: f64,
-}
-
-/// Child processes killed on drop.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn(exe: &PathBuf, args: &[String]) -> Result<Child, String> {
-    // stdout/stderr are discarded (not piped): an undrained pipe would stall the child.
-    Command::new(exe)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", exe.display()))
+    /// What to compare, in order ([`LiveVariant::defaults`]: the simulation's list).
+    pub variants: Vec<LiveVariant>,
 }
 
 async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
@@ -119,51 +108,6 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
     Ok(fleet)
 }
 
-/// The scenario's router replicas for one variant, each seeing every engine's load.
-async fn start_routers(
-    cfg: &LiveConfig,
-    client: &reqwest::Client,
-    engines: &[String],
-    (policy, signal): (Policy, LoadSignal),
-) -> Result<Fleet, String> {
-    let mut fleet = Fleet {
-        procs: Procs(Vec::new()),
-        urls: Vec::new(),
-    };
-    for _ in 0..cfg.scenario.routers {
-        let port = free_port_block(1)?;
-        let mut args: Vec<String> = vec![
-            "route".into(),
-            "--port".into(),
-            port.to_string(),
-            "--policy".into(),
-            policy.as_str().into(),
-            "--load-signal".into(),
-            signal.as_str().into(),
-            "--worker-urls".into(),
-        ];
-        args.extend(engines.iter().cloned());
-        fleet.procs.0.push(spawn(&cfg.exe, &args)?);
-        fleet.urls.push(format!("http://127.0.0.1:{port}"));
-    }
-    for u in &fleet.urls {
-        wait_until("a router to see every engine's load", 30, || async {
-            get_json(client, &format!("{u}/workers"))
-                .await
-                .is_some_and(|v| {
-                    v["workers"].as_array().is_some_and(|ws| {
-                        ws.len() == engines.len()
-                            && ws
-                                .iter()
-                                .all(|w| w["ranks"][0]["seq"].as_i64().is_some_and(|q| q >= 0))
-                    })
-                })
-        })
-        .await?;
-    }
-    Ok(fleet)
-}
-
 /// Every engine's `/v1/loads` rows (core section).
 async fn engine_loads(c: &reqwest::Client, url: &str) -> Option<Vec<serde_json::Value>> {
     let v = get_json(c, &format!("{url}/v1/loads?include=core")).await?;
@@ -221,82 +165,6 @@ fn cv(w: &[f64]) -> f64 {
     }
 }
 
-/// Per completed request: (TTFT, E2E, TTFT floor), in virtual seconds.
-type Measured = Vec<(f64, f64, f64)>;
-
-/// Where arrival `i` is sent: a router replica, or an engine for direct traffic.
-fn target(s: &Scenario, i: usize, a: &Arrival, engines: &[String], routers: &[String]) -> String {
-    if !a.direct {
-        return routers[i % routers.len()].clone();
-    }
-    match s.direct {
-        DirectTarget::Pinned => engines[0].clone(),
-        DirectTarget::Uniform => {
-            engines[(mix(i as u64 ^ 0xd1ec7) % engines.len() as u64) as usize].clone()
-        }
-    }
-}
-
-/// One streaming request at `at`; its (TTFT, E2E) in wall seconds when it streamed anything.
-async fn send_one(
-    c: reqwest::Client,
-    at: Instant,
-    url: String,
-    body: serde_json::Value,
-) -> Option<(f64, f64)> {
-    tokio::time::sleep_until(at.into()).await;
-    let t0 = Instant::now();
-    let mut resp = c
-        .post(format!("{url}/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let mut first = None;
-    while let Ok(Some(_)) = resp.chunk().await {
-        first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-    }
-    Some((first?, t0.elapsed().as_secs_f64()))
-}
-
-/// Sends every arrival at its (compressed) time and waits for all of them.
-async fn drive_traffic(
-    cfg: &LiveConfig,
-    client: &reqwest::Client,
-    arrivals: &[Arrival],
-    (engines, routers): (&[String], &[String]),
-    progress: &mut dyn FnMut(&str),
-    label: &str,
-) -> Measured {
-    let (s, k) = (&cfg.scenario, cfg.time_scale);
-    let start = Instant::now();
-    let mut floors = std::collections::HashMap::new();
-    let mut tasks = Vec::with_capacity(arrivals.len());
-    for (i, a) in arrivals.iter().enumerate() {
-        let at = start + Duration::from_secs_f64(a.t / k);
-        let url = target(s, i, a, engines, routers);
-        let floor = *floors
-            .entry(a.prompt_tokens)
-            .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
-        let body = serde_json::json!({ "input_ids": a.prompt_ids(i), "max_tokens": a.output_tokens, "stream": true });
-        let sent = send_one(client.clone(), at, url, body);
-        tasks.push(tokio::spawn(async move {
-            sent.await.map(|(ttft, e2e)| (ttft * k, e2e * k, floor))
-        }));
-    }
-    let (n, mut measured) = (tasks.len(), Measured::new());
-    for (j, t) in tasks.into_iter().enumerate() {
-        measured.extend(t.await.ok().flatten());
-        if j % 200 == 0 {
-            progress(&format!("{label}: {j}/{n} requests done"));
-        }
-    }
-    measured
-}
-
 /// Sums the routers' decision and fallback-decision counters (0 for a router that cannot be read).
 async fn decisions(
     client: &reqwest::Client,
@@ -347,16 +215,25 @@ async fn wait_drained(client: &reqwest::Client, engines: &[String]) -> Result<()
     Ok(())
 }
 
-/// One variant: routers up, traffic, counters, drain.
+/// The run's fixed parts: the client, the engines, the trace and how requests are written.
+struct Bench<'a> {
+    cfg: &'a LiveConfig,
+    client: reqwest::Client,
+    engines: Vec<String>,
+    arrivals: Vec<Arrival>,
+    /// The engines' served model name, when requests must carry OpenAI's `model` and text
+    /// `prompt` (the run has an external router; see [`traffic`]).
+    openai_model: Option<String>,
+}
+
+/// One variant: routers up, traffic, counters, routers down, drain.
 async fn run_variant(
-    cfg: &LiveConfig,
-    client: &reqwest::Client,
-    engines: &[String],
-    arrivals: &[Arrival],
-    variant: (Policy, LoadSignal),
+    b: &Bench<'_>,
+    variant: &LiveVariant,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Row, String> {
-    let label = format!("{} / {}", variant.0.as_str(), variant.1.as_str());
+    let (cfg, client, engines) = (b.cfg, &b.client, b.engines.as_slice());
+    let label = variant.label();
     progress(&format!(
         "{label}: starting {} routers",
         cfg.scenario.routers
@@ -364,30 +241,36 @@ async fn run_variant(
     // Every variant starts with cold caches: the same prompts were sent to these engines by the
     // variant before, and what they left cached would count as this variant's hits.
     flush_caches(client, engines).await?;
-    let routers = start_routers(cfg, client, engines, variant).await?;
+    let routers = routers::start(cfg, client, engines, variant).await?;
     let cache_before = fleet_cache_counters(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());
     let start = Instant::now();
     let fleets = (engines, routers.urls.as_slice());
-    let measured = drive_traffic(cfg, client, arrivals, fleets, progress, &label).await;
+    let trace = (b.arrivals.as_slice(), b.openai_model.as_deref());
+    let measured = traffic::drive(cfg, client, trace, fleets, progress, &label).await;
     let makespan = start.elapsed().as_secs_f64() * cfg.time_scale;
     let queue_cv = sampler.finish().await;
-    let (decisions, fallback) = decisions(client, &routers.urls, progress).await;
-    drop(routers);
+    // An external router has no loadlink decision counters; its rows say 0 of 0.
+    let (decisions, fallback) = match variant {
+        LiveVariant::Loadlink { .. } => decisions(client, &routers.urls, progress).await,
+        LiveVariant::External(_) => (0, 0),
+    };
+    for note in routers.stop().await {
+        progress(&note);
+    }
     let mut outcome = Outcome {
         ttft: measured.iter().map(|r| r.0).collect(),
         e2e: measured.iter().map(|r| r.1).collect(),
         ttft_floor: measured.iter().map(|r| r.2).collect(),
         completed: measured.len(),
-        submitted: arrivals.len(),
+        submitted: b.arrivals.len(),
         makespan,
         queue_cv,
         decisions,
         // An in-flight router prices every decision on its fallback signal.
-        fallback_decisions: if variant.1 != LoadSignal::Inflight {
-            fallback
-        } else {
-            decisions
+        fallback_decisions: match variant {
+            LiveVariant::Loadlink { signal, .. } if signal == "inflight" => decisions,
+            _ => fallback,
         },
         cache_tokens: None,
     };
@@ -405,11 +288,22 @@ async fn run_variant(
     })
 }
 
-/// Runs every variant of the scenario live; returns one row per variant.
+/// The first model an engine's `/v1/models` lists.
+async fn served_model(client: &reqwest::Client, engine: &str) -> Result<String, String> {
+    get_json(client, &format!("{engine}/v1/models"))
+        .await
+        .and_then(|v| v["data"][0]["id"].as_str().map(String::from))
+        .ok_or_else(|| format!("{engine}/v1/models names no model"))
+}
+
+/// Runs every variant of `cfg.variants` live; returns one row per variant, in order.
 pub async fn run_live(
     cfg: &LiveConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<Row>, String> {
+    if cfg.variants.is_empty() {
+        return Err("no variants to run".into());
+    }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()
@@ -419,18 +313,23 @@ pub async fn run_live(
         duration_s: cfg.duration_s,
         ..cfg.scenario.clone()
     };
-    let arrivals = arrivals(&scenario, cfg.seed, cfg.load);
+    let openai_model = match cfg.variants.iter().any(LiveVariant::is_external) {
+        true => {
+            let first = engines.urls.first().ok_or("the scenario has no engines")?;
+            Some(served_model(&client, first).await?)
+        }
+        false => None,
+    };
+    let bench = Bench {
+        cfg,
+        client,
+        engines: engines.urls.clone(),
+        arrivals: arrivals(&scenario, cfg.seed, cfg.load),
+        openai_model,
+    };
     let mut rows = Vec::new();
-    for variant in VARIANTS {
-        let row = run_variant(
-            cfg,
-            &client,
-            &engines.urls,
-            &arrivals,
-            variant,
-            &mut progress,
-        );
-        rows.push(row.await?);
+    for variant in &cfg.variants {
+        rows.push(run_variant(&bench, variant, &mut progress).await?);
     }
     drop(engines.procs);
     Ok(rows)

@@ -110,8 +110,9 @@ pub fn table(rows: &[Row]) -> String {
     for (i, r) in rows.iter().enumerate() {
         let j = row_json(r);
         let f = |k: &str| j[k].as_f64().unwrap_or(f64::NAN);
-        // The in-flight signal never uses engine load, so "fallback" says nothing there.
-        let fallback = if r.label.ends_with("inflight") {
+        // The in-flight signal never uses engine load, so "fallback" says nothing there; nor
+        // does it for a row without decision counters (an external router in a live run).
+        let fallback = if r.label.ends_with("inflight") || r.outcome.decisions == 0 {
             "-".to_string()
         } else {
             format!("{:.1}%", f("fallback_fraction") * 100.0)

@@ -4,6 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use loadlink_bench::live::{ExternalRouter, LiveVariant};
 use loadlink_bench::plot;
 use loadlink_bench::report::{
     CacheRow, Row, cache_rows_json, cache_table, json_text, row_json, row_json_with_samples, table,
@@ -137,6 +138,20 @@ pub struct LiveArgs {
     /// Virtual seconds of arrivals per variant (bounded so a run takes minutes, not hours).
     #[arg(long, default_value_t = 120.0)]
     duration: f64,
+    /// A loadlink variant, POLICY/SIGNAL (`loadlink route --policy POLICY --load-signal SIGNAL`),
+    /// e.g. power_of_two/backlog; repeatable, run in the order given. Without --variant or
+    /// --external-router: the simulation's seven variants.
+    #[arg(long = "variant", value_name = "POLICY/SIGNAL", value_parser = LiveVariant::parse_loadlink)]
+    variants: Vec<LiveVariant>,
+    /// An external router as a variant, NAME=COMMAND, run after the --variant ones; repeatable.
+    /// One process per router replica, on the same engines and trace. COMMAND is whitespace-split
+    /// (no shell) with placeholders {workers} (engine URLs), {port} (its HTTP port), {metrics_port}
+    /// (a second free port) and {replica} (0-based). Requests then also carry `model` and a text
+    /// `prompt` (docs/benchmarks.md). E.g. 'sglang-cache_aware=python -m
+    /// sglang_router.launch_router --worker-urls {workers} --host 127.0.0.1 --port {port}
+    /// --prometheus-port {metrics_port} --policy cache_aware'
+    #[arg(long = "external-router", value_name = "NAME=COMMAND", value_parser = ExternalRouter::parse)]
+    external_routers: Vec<ExternalRouter>,
 }
 
 #[derive(Args)]
@@ -341,6 +356,7 @@ fn live(a: LiveArgs) -> Result<()> {
         seed,
         time_scale: a.time_scale,
         duration_s: a.duration,
+        variants: live_variants(&a),
     };
     println!(
         "live {}: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
@@ -352,6 +368,7 @@ fn live(a: LiveArgs) -> Result<()> {
         s.publish_point.as_str()
     );
     calibration(&s, seed, load);
+    let load_average_start = load_average();
     let started = std::time::Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -365,7 +382,16 @@ fn live(a: LiveArgs) -> Result<()> {
     eprintln!();
     print!("{}", table(&rows));
     // The raw samples go in too, so `bench plot` can redraw without a rerun.
-    let doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
+    let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
+    // How busy the machine was (live figures move with it), and what any external router ran.
+    doc["load_average"] = serde_json::json!({ "start": load_average_start, "end": load_average() });
+    if !a.external_routers.is_empty() {
+        doc["external_routers"] = a
+            .external_routers
+            .iter()
+            .map(|e| serde_json::json!({ "variant": e.name, "command": e.template() }))
+            .collect();
+    }
     let path = out.join(format!("{}-live{}.json", s.name, point_suffix(&s)));
     std::fs::write(&path, json_text(&doc))?;
     let plots = plot::ttft_cdf(
@@ -379,4 +405,31 @@ fn live(a: LiveArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The variants `bench live` runs: the named ones, or the simulation's list.
+fn live_variants(a: &LiveArgs) -> Vec<LiveVariant> {
+    let named = a.variants.iter().cloned();
+    let external = a
+        .external_routers
+        .iter()
+        .cloned()
+        .map(LiveVariant::External);
+    let all: Vec<LiveVariant> = named.chain(external).collect();
+    if all.is_empty() {
+        LiveVariant::defaults()
+    } else {
+        all
+    }
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), when the system says.
+fn load_average() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
 }

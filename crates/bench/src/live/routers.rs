@@ -1,0 +1,201 @@
+//! One variant's router replicas: `loadlink route` processes, or an external router's command once
+//! per replica. Either way the run waits, bounded, until every replica knows every engine, so no
+//! replica starts on part of the fleet:
+//! * loadlink: `/workers` lists every engine with a load snapshot received;
+//! * external: `/workers` lists every engine and none is marked unhealthy (`is_healthy`, as
+//!   sglang-router says); a router without `/workers` (404) is ready when `/health` answers 2xx.
+
+use super::procs::{Ended, Logged, Procs, spawn};
+use super::variant::{ExternalRouter, LiveVariant, Slot};
+use super::{LiveConfig, get_json};
+use loadlink_publish::free_port_block;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long an external router may take to know every engine.
+const EXTERNAL_READY_S: u64 = 60;
+/// How long an external router has to exit after SIGTERM.
+const EXTERNAL_GRACE: Duration = Duration::from_secs(10);
+
+/// A variant's running replicas and their base URLs.
+pub(super) struct Routers {
+    pub(super) urls: Vec<String>,
+    own: Option<Procs>,
+    external: Vec<Logged>,
+}
+
+impl Routers {
+    /// Stops every replica: loadlink's are killed, external ones get SIGTERM, then SIGKILL after
+    /// a bound. Returns a note per external replica that had to be killed.
+    pub(super) async fn stop(self) -> Vec<String> {
+        drop(self.own);
+        let mut notes = Vec::new();
+        for (i, r) in self.external.into_iter().enumerate() {
+            let log = r.log.clone();
+            if r.stop(EXTERNAL_GRACE).await == Ended::Killed {
+                notes.push(format!(
+                    "external router replica {i} ignored SIGTERM for {EXTERNAL_GRACE:?} and was \
+                     killed (log: {})",
+                    log.display()
+                ));
+            }
+        }
+        notes
+    }
+}
+
+/// Starts `variant`'s replicas on `engines` and waits until each is ready.
+pub(super) async fn start(
+    cfg: &LiveConfig,
+    client: &reqwest::Client,
+    engines: &[String],
+    variant: &LiveVariant,
+) -> Result<Routers, String> {
+    match variant {
+        LiveVariant::Loadlink { policy, signal } => {
+            start_loadlink(cfg, client, engines, policy, signal).await
+        }
+        LiveVariant::External(e) => start_external(cfg, client, engines, e).await,
+    }
+}
+
+/// The scenario's `loadlink route` replicas, each seeing every engine's load.
+async fn start_loadlink(
+    cfg: &LiveConfig,
+    client: &reqwest::Client,
+    engines: &[String],
+    policy: &str,
+    signal: &str,
+) -> Result<Routers, String> {
+    let mut procs = Procs(Vec::new());
+    let mut urls = Vec::new();
+    for _ in 0..cfg.scenario.routers {
+        let port = free_port_block(1)?;
+        let mut args: Vec<String> = ["route", "--port", &port.to_string(), "--policy", policy]
+            .into_iter()
+            .chain(["--load-signal", signal, "--worker-urls"])
+            .map(String::from)
+            .collect();
+        args.extend(engines.iter().cloned());
+        procs.0.push(spawn(&cfg.exe, &args)?);
+        urls.push(format!("http://127.0.0.1:{port}"));
+    }
+    for (u, child) in urls.iter().zip(procs.0.iter_mut()) {
+        let mut ready = false;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready && Instant::now() < deadline {
+            if let Some(status) = child.try_wait().ok().flatten() {
+                return Err(format!(
+                    "loadlink route --policy {policy} --load-signal {signal} exited ({status}); \
+                     is the policy or signal name right?"
+                ));
+            }
+            ready = sees_every_engine(client, u, engines.len()).await;
+            if !ready {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        if !ready {
+            return Err("timed out waiting for a router to see every engine's load".into());
+        }
+    }
+    Ok(Routers {
+        urls,
+        own: Some(procs),
+        external: Vec::new(),
+    })
+}
+
+async fn sees_every_engine(client: &reqwest::Client, url: &str, engines: usize) -> bool {
+    get_json(client, &format!("{url}/workers"))
+        .await
+        .is_some_and(|v| {
+            v["workers"].as_array().is_some_and(|ws| {
+                ws.len() == engines
+                    && ws
+                        .iter()
+                        .all(|w| w["ranks"][0]["seq"].as_i64().is_some_and(|q| q >= 0))
+            })
+        })
+}
+
+/// Where an external replica's output goes: a file per name and replica in one directory per run.
+fn log_path(name: &str, replica: usize) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("loadlink-live-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir.join(format!("{name}-{replica}.log")))
+}
+
+/// One external router per replica, each told every engine, each ready before traffic starts.
+async fn start_external(
+    cfg: &LiveConfig,
+    client: &reqwest::Client,
+    engines: &[String],
+    router: &ExternalRouter,
+) -> Result<Routers, String> {
+    let mut started = Routers {
+        urls: Vec::new(),
+        own: None,
+        external: Vec::new(),
+    };
+    for replica in 0..cfg.scenario.routers {
+        let ports = free_port_block(2)?;
+        let slot = Slot {
+            port: ports,
+            metrics_port: ports + 1,
+            replica,
+        };
+        let argv = router.command(engines, slot);
+        let log = log_path(&router.name, replica)?;
+        started.external.push(Logged::spawn(&argv, log)?);
+        started.urls.push(format!("http://127.0.0.1:{}", slot.port));
+    }
+    for (u, proc) in started.urls.iter().zip(started.external.iter_mut()) {
+        let deadline = Instant::now() + Duration::from_secs(EXTERNAL_READY_S);
+        loop {
+            if let Some(status) = proc.exited() {
+                return Err(format!(
+                    "{} exited at start-up ({status}); the end of {}:\n{}",
+                    router.name,
+                    proc.log.display(),
+                    proc.log_tail(20)
+                ));
+            }
+            if external_ready(client, u, engines.len()).await {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} at {u} did not list all {} engines as healthy within {EXTERNAL_READY_S} s; \
+                     the end of {}:\n{}",
+                    router.name,
+                    engines.len(),
+                    proc.log.display(),
+                    proc.log_tail(20)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(started)
+}
+
+/// `/workers` lists `engines` workers, none unhealthy; or, without `/workers`, `/health` is 2xx.
+async fn external_ready(client: &reqwest::Client, url: &str, engines: usize) -> bool {
+    let Ok(r) = client.get(format!("{url}/workers")).send().await else {
+        return false;
+    };
+    if r.status() == reqwest::StatusCode::NOT_FOUND {
+        return client
+            .get(format!("{url}/health"))
+            .send()
+            .await
+            .is_ok_and(|h| h.status().is_success());
+    }
+    let Ok(v) = r.json::<serde_json::Value>().await else {
+        return false;
+    };
+    v["workers"].as_array().is_some_and(|ws| {
+        ws.len() == engines && ws.iter().all(|w| w["is_healthy"].as_bool() != Some(false))
+    })
+}

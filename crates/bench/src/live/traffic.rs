@@ -1,0 +1,156 @@
+//! Driving the trace: every arrival is sent at its compressed time to a router replica (round
+//! robin over the replicas) or, for direct traffic, straight to an engine; TTFT and E2E are
+//! measured on the streamed response.
+//!
+//! The request body always carries the prompt as `input_ids`, which the engine takes as given, so
+//! every variant puts the same tokens in the same caches. Routers that only accept OpenAI's
+//! completions schema (sglang-router requires `model`, and a `prompt` that is text) get those too
+//! when the run has an external variant: `model` is the engines' served name, and `prompt` writes
+//! each token id as 4 base-36 digits. That text has the trace's prefix structure exactly (a shared
+//! token prefix is a shared character prefix, 4 characters per token, the engine tokenizer's own
+//! rate), so a text-based prefix tree such as sglang-router's `cache_aware` sees the reuse that is
+//! there. The engine ignores `prompt` when `input_ids` is present.
+
+use super::LiveConfig;
+use crate::scenario::Scenario;
+use crate::sim::{DirectTarget, isolated_ttft};
+use crate::workload::Arrival;
+use loadlink_router::policy::mix;
+use std::time::{Duration, Instant};
+
+/// Per completed request: (TTFT, E2E, TTFT floor), in virtual seconds.
+pub(super) type Measured = Vec<(f64, f64, f64)>;
+
+/// Where arrival `i` is sent: a router replica, or an engine for direct traffic.
+fn target(s: &Scenario, i: usize, a: &Arrival, engines: &[String], routers: &[String]) -> String {
+    if !a.direct {
+        return routers[i % routers.len()].clone();
+    }
+    match s.direct {
+        DirectTarget::Pinned => engines[0].clone(),
+        DirectTarget::Uniform => {
+            engines[(mix(i as u64 ^ 0xd1ec7) % engines.len() as u64) as usize].clone()
+        }
+    }
+}
+
+/// Token ids as text: 4 base-36 digits each (ids are below 36^4), no separator.
+pub(super) fn ids_text(ids: &[u32]) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut s = String::with_capacity(ids.len() * 4);
+    for &id in ids {
+        for place in [36 * 36 * 36, 36 * 36, 36, 1] {
+            s.push(DIGITS[(id / place % 36) as usize] as char);
+        }
+    }
+    s
+}
+
+/// The body for arrival `i`; with `openai_model`, also `model` and a text `prompt` (module docs).
+pub(super) fn body(a: &Arrival, i: usize, openai_model: Option<&str>) -> serde_json::Value {
+    let ids = a.prompt_ids(i);
+    let mut b = serde_json::json!({ "max_tokens": a.output_tokens, "stream": true });
+    if let Some(model) = openai_model {
+        b["model"] = model.into();
+        b["prompt"] = ids_text(&ids).into();
+    }
+    b["input_ids"] = ids.into();
+    b
+}
+
+/// One streaming request at `at`; its (TTFT, E2E) in wall seconds when it streamed anything.
+async fn send_one(
+    c: reqwest::Client,
+    at: Instant,
+    url: String,
+    body: serde_json::Value,
+) -> Option<(f64, f64)> {
+    tokio::time::sleep_until(at.into()).await;
+    let t0 = Instant::now();
+    let mut resp = c
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let mut first = None;
+    while let Ok(Some(_)) = resp.chunk().await {
+        first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+    }
+    Some((first?, t0.elapsed().as_secs_f64()))
+}
+
+/// Sends every arrival at its (compressed) time and waits for all of them.
+pub(super) async fn drive(
+    cfg: &LiveConfig,
+    client: &reqwest::Client,
+    (arrivals, openai_model): (&[Arrival], Option<&str>),
+    (engines, routers): (&[String], &[String]),
+    progress: &mut dyn FnMut(&str),
+    label: &str,
+) -> Measured {
+    let (s, k) = (&cfg.scenario, cfg.time_scale);
+    let start = Instant::now();
+    let mut floors = std::collections::HashMap::new();
+    let mut tasks = Vec::with_capacity(arrivals.len());
+    for (i, a) in arrivals.iter().enumerate() {
+        let at = start + Duration::from_secs_f64(a.t / k);
+        let url = target(s, i, a, engines, routers);
+        let floor = *floors
+            .entry(a.prompt_tokens)
+            .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
+        let sent = send_one(client.clone(), at, url, body(a, i, openai_model));
+        tasks.push(tokio::spawn(async move {
+            sent.await.map(|(ttft, e2e)| (ttft * k, e2e * k, floor))
+        }));
+    }
+    let (n, mut measured) = (tasks.len(), Measured::new());
+    for (j, t) in tasks.into_iter().enumerate() {
+        measured.extend(t.await.ok().flatten());
+        if j % 200 == 0 {
+            progress(&format!("{label}: {j}/{n} requests done"));
+        }
+    }
+    measured
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_text_is_four_characters_per_token_and_keeps_prefixes() {
+        assert_eq!(
+            ids_text(&[0, 1, 35, 36, (1 << 17) - 1]),
+            "00000001000z00102t4v"
+        );
+        let a = ids_text(&[500, 600, 700]);
+        let b = ids_text(&[500, 600, 701]);
+        assert_eq!(a.len(), 12);
+        assert!(b.starts_with(&a[..8]));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_openai_body_adds_model_and_text_but_keeps_the_ids() {
+        let a = Arrival {
+            t: 0.0,
+            prompt_tokens: 2,
+            output_tokens: 3,
+            stream: true,
+            direct: false,
+            prompt: Some(vec![17u32, 18].into()),
+        };
+        let plain = body(&a, 0, None);
+        assert_eq!(plain["input_ids"], serde_json::json!([17, 18]));
+        assert!(plain.get("model").is_none() && plain.get("prompt").is_none());
+        let openai = body(&a, 0, Some("m"));
+        assert_eq!(openai["input_ids"], plain["input_ids"]);
+        assert_eq!(openai["model"], "m");
+        assert_eq!(openai["prompt"], "000h000i");
+        assert_eq!(openai["max_tokens"], 3);
+    }
+}
