@@ -6,6 +6,7 @@ mod engine_cmd;
 mod logging;
 mod publish_cmd;
 mod route_cmd;
+mod route_policy_args;
 mod watch_cmd;
 mod wire_cmd;
 

@@ -28,9 +28,15 @@ pub struct RouteArgs {
     /// The DNS server to ask (IP:PORT); default: the system's resolver configuration.
     #[arg(long)]
     dns_server: Option<std::net::SocketAddr>,
-    /// round_robin | random | power_of_two | least_load.
-    #[arg(long, default_value = "power_of_two", value_parser = Policy::parse)]
+    /// min_ttft (the least predicted time to first token: engine backlog, this request's
+    /// uncached tokens there, that engine's measured prefill speed) | cache_aware (SGLang's
+    /// algorithm) | power_of_two | least_load | round_robin | random. See docs/router.md.
+    #[arg(long, default_value = "min_ttft", value_parser = Policy::parse)]
     policy: Policy,
+    #[command(flatten)]
+    cache: crate::route_policy_args::CacheArgs,
+    #[command(flatten)]
+    admission: crate::route_policy_args::AdmissionArgs,
     /// engine: price workers on engine-reported queue depth (running + waiting); backlog: on the
     /// engine-reported prefill backlog in tokens (a proxy for time to first token); both fall back
     /// to in-flight when stale or absent. inflight: only this router's own in-flight count.
@@ -181,6 +187,8 @@ pub fn run(a: RouteArgs) -> Result<()> {
     if let Some(p) = &a.config {
         apply_file(&mut cfg, p)?;
     }
+    a.cache.apply(&mut cfg)?;
+    a.admission.apply(&mut cfg)?;
     if a.prometheus_port.is_some() {
         eprintln!(
             "note: --prometheus-port is accepted for compatibility; metrics are at /metrics on --port"

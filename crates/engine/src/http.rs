@@ -149,6 +149,11 @@ impl Engine {
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());
+        // TCP_NODELAY: a first token smaller than a segment must not wait for the client's
+        // delayed ACK (Nagle): on a reused connection that cost ~40 ms per request.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async move {

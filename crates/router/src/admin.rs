@@ -33,6 +33,7 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "breaker_open": w.breaker_open(),
         "no_load_reason": w.no_load_reason,
         "kv_events": kv_events,
+        "routed": routed_json(w),
         "no_kv_events_reason": no_kv_events_reason,
         "ranks": w.ranks.iter().map(|r| json!({
             "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
@@ -42,10 +43,24 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
     })
 }
 
+/// What this router routed to `w` after cache lookups: prompt tokens, and the share it believed
+/// cached there (null before any).
+fn routed_json(w: &Worker) -> Value {
+    let prompt = w.routed_prompt_tokens.load(Relaxed);
+    let cached = w.routed_cached_tokens.load(Relaxed);
+    json!({
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_rate": if prompt == 0 { Value::Null } else { json!(cached as f64 / prompt as f64) },
+    })
+}
+
 /// The whole `/workers` document.
 pub fn workers_json(st: &AppState) -> Value {
     let ws = st.fleet.workers();
-    json!({ "policy": st.cfg.policy.as_str(), "workers": ws.iter().map(|w| worker_json(st, w)).collect::<Vec<_>>() })
+    json!({ "policy": st.cfg.policy.as_str(), "load_signal": st.cfg.load_signal.as_str(),
+            "prefix_source": st.prefix.source.as_str(), "tokenizer": st.prefix.tokenizer.describe(),
+            "workers": ws.iter().map(|w| worker_json(st, w)).collect::<Vec<_>>() })
 }
 
 pub async fn list_workers(State(st): State<Arc<AppState>>) -> Response {

@@ -55,7 +55,7 @@ impl Default for RouterConfig {
             host: "127.0.0.1".into(),
             port: 30080,
             worker_urls: Vec::new(),
-            policy: Policy::PowerOfTwo,
+            policy: Policy::MinTtft(crate::policy::MinTtft::default()),
             load_signal: LoadSignal::Backlog,
             freshness_ms: 3000,
             max_body_bytes: 16 << 20,

@@ -152,7 +152,7 @@ fn write_reasons(e: &mut Exposition, loads: &[(&Worker, Load)]) {
 type WorkerReading = fn(&Worker, &Load) -> Number;
 
 /// The per-worker families labelled `{worker}` only.
-const WORKER_FAMILIES: [(&str, MetricType, &str, WorkerReading); 7] = [
+const WORKER_FAMILIES: [(&str, MetricType, &str, WorkerReading); 9] = [
     (
         "loadlink_worker_load_age_seconds",
         MetricType::Gauge,
@@ -191,6 +191,18 @@ const WORKER_FAMILIES: [(&str, MetricType, &str, WorkerReading); 7] = [
         MetricType::Gauge,
         "1 while health checks pass",
         |w, _| w.healthy.load(Relaxed).into(),
+    ),
+    (
+        "loadlink_worker_routed_prompt_tokens_total",
+        MetricType::Counter,
+        "Prompt tokens of requests routed here after a cache lookup",
+        |w, _| w.routed_prompt_tokens.load(Relaxed).into(),
+    ),
+    (
+        "loadlink_worker_routed_cached_tokens_total",
+        MetricType::Counter,
+        "Of those, tokens the router believed cached here (ratio: the hit rate it routed for)",
+        |w, _| w.routed_cached_tokens.load(Relaxed).into(),
     ),
     (
         "loadlink_worker_engine_priced",
@@ -289,7 +301,63 @@ pub fn render(st: &AppState) -> String {
         None => crate::ingest::stats::IngestStats::default().write(&mut e),
     }
     st.cache.write_metrics(&mut e, &workers);
+    write_control(&mut e, st);
     e.finish()
+}
+
+/// Admission and membership: what the router refused and how its fleet changed.
+fn write_control(e: &mut Exposition, st: &AppState) {
+    let a = &st.admission;
+    let mut f = e.family(
+        "loadlink_admission_refused_total",
+        MetricType::Counter,
+        "Requests answered 429 by admission control, by reason",
+    );
+    for (why, n) in crate::admission::Refusal::ALL.iter().zip(&a.refused) {
+        f.sample(&[("reason", why.as_str())], n.load(Relaxed));
+    }
+    let m = &st.membership;
+    let singles = [
+        (
+            "loadlink_admission_queued",
+            MetricType::Gauge,
+            "Requests waiting in the admission queue",
+            a.queued.load(Relaxed) as u64,
+        ),
+        (
+            "loadlink_admission_admitted_after_wait_total",
+            MetricType::Counter,
+            "Requests admitted after waiting in the queue",
+            a.admitted_after_wait.load(Relaxed),
+        ),
+        (
+            "loadlink_membership_refreshes_total",
+            MetricType::Counter,
+            "Worker-list refreshes from --worker-urls-file or --worker-dns",
+            m.refreshes.load(Relaxed),
+        ),
+        (
+            "loadlink_membership_errors_total",
+            MetricType::Counter,
+            "Failed refreshes (the workers were kept)",
+            m.errors.load(Relaxed),
+        ),
+        (
+            "loadlink_membership_added_total",
+            MetricType::Counter,
+            "Workers added by the file or DNS",
+            m.added.load(Relaxed),
+        ),
+        (
+            "loadlink_membership_removed_total",
+            MetricType::Counter,
+            "Workers removed by the file or DNS",
+            m.removed.load(Relaxed),
+        ),
+    ];
+    for (name, ty, help, v) in singles {
+        e.single(name, ty, help, v);
+    }
 }
 
 pub async fn page(State(st): State<Arc<AppState>>) -> Response {

@@ -1,0 +1,105 @@
+//! `loadlink route` flags for cache-aware routing and admission control, flattened into
+//! `RouteArgs` (kept apart so each group reads as one block in `--help` and in code).
+
+use anyhow::Result;
+use clap::Args;
+use loadlink_router::RouterConfig;
+use loadlink_router::admission::{AdmissionConfig, Overload};
+use loadlink_router::cache::PrefixSource;
+use loadlink_router::policy::{CacheAware, Policy};
+
+#[derive(Args)]
+pub struct CacheArgs {
+    /// A Hugging Face tokenizer.json (or the directory holding it, with tokenizer_config.json for
+    /// the chat template), so the router's block hashes match a real engine's. Default: the
+    /// simulated engine's deterministic tokenizer (exact for `loadlink engine`).
+    #[arg(long)]
+    tokenizer: Option<std::path::PathBuf>,
+    /// Tokens per KV page: the engines' page size (SGLang --page-size; shown per worker in
+    /// /workers as kv_events.block_size).
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    /// Where cached prefixes come from: auto (the engine's KV events where a worker publishes
+    /// them, else an approximate tree of what this router sent), kv-events, or approx.
+    #[arg(long, default_value = "auto", value_parser = PrefixSource::parse)]
+    prefix_source: PrefixSource,
+    /// cache_aware: the match ratio (cached / prompt tokens) above which the best-matching
+    /// worker wins (sglang-router's default 0.3).
+    #[arg(long, default_value_t = 0.3)]
+    cache_threshold: f64,
+    /// cache_aware: the fleet is imbalanced when max − min load exceeds this … (default 64)
+    #[arg(long, default_value_t = 64)]
+    balance_abs_threshold: i64,
+    /// … and max exceeds this × min (default 1.5); then the least-loaded worker is picked.
+    #[arg(long, default_value_t = 1.5)]
+    balance_rel_threshold: f64,
+}
+
+#[derive(Args)]
+pub struct AdmissionArgs {
+    /// Admission cap: a worker whose engine reports more queued requests than this (plus what
+    /// this router sent since) takes no new request. Unknown loads do not count (fail open).
+    #[arg(long)]
+    max_waiting: Option<i64>,
+    /// Admission cap: a worker whose KV usage (0–1) is above this takes no new request.
+    #[arg(long)]
+    max_kv_usage: Option<f64>,
+    /// Admission cap: a worker where this request's predicted time to first token exceeds this
+    /// takes it not.
+    #[arg(long)]
+    max_predicted_wait_ms: Option<u64>,
+    /// When every worker is over a cap: reject (429 with Retry-After at once) or queue (hold in a
+    /// bounded FIFO until a worker is within the caps or the deadline passes, then 429).
+    #[arg(long, default_value = "reject")]
+    admission: String,
+    /// Requests the admission queue holds (more get 429 at once).
+    #[arg(long, default_value_t = 256)]
+    admission_queue_size: usize,
+    /// How long a request may wait in the admission queue (ms).
+    #[arg(long, default_value_t = 5000)]
+    admission_queue_timeout_ms: u64,
+}
+
+impl CacheArgs {
+    /// Sets the cache flags on `cfg`; `cache_aware`'s thresholds go into its policy value.
+    pub fn apply(&self, cfg: &mut RouterConfig) -> Result<()> {
+        cfg.tokenizer = self.tokenizer.clone();
+        anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
+        cfg.page_size = self.page_size;
+        cfg.prefix_source = self.prefix_source;
+        if let Policy::CacheAware(_) = cfg.policy {
+            cfg.policy = Policy::CacheAware(
+                CacheAware::new(
+                    self.cache_threshold,
+                    self.balance_abs_threshold,
+                    self.balance_rel_threshold,
+                )
+                .map_err(|e| anyhow::anyhow!("--cache-threshold/--balance-*: {e}"))?,
+            );
+        }
+        Ok(())
+    }
+}
+
+impl AdmissionArgs {
+    pub fn apply(&self, cfg: &mut RouterConfig) -> Result<()> {
+        if let Some(u) = self.max_kv_usage {
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&u),
+                "--max-kv-usage must be between 0 and 1, got {u}"
+            );
+        }
+        cfg.admission = AdmissionConfig {
+            max_waiting: self.max_waiting,
+            max_kv_usage: self.max_kv_usage,
+            max_predicted_wait_ms: self.max_predicted_wait_ms,
+            overload: Overload::parse(
+                &self.admission,
+                self.admission_queue_size.max(1),
+                self.admission_queue_timeout_ms,
+            )
+            .map_err(anyhow::Error::msg)?,
+        };
+        Ok(())
+    }
+}
