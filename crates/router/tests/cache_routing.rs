@@ -41,7 +41,8 @@ async fn a_cached_prefix_attracts_its_request_until_the_holder_is_backed_up() {
     let c = reqwest::Client::new();
     wait_for("both KV streams are subscribed", 20, || async {
         let w = worker_json(&c, &r.url(), &a.url()).await;
-        w["kv_events"].is_object() && worker_json(&c, &r.url(), &b.url()).await["kv_events"].is_object()
+        w["kv_events"].is_object()
+            && worker_json(&c, &r.url(), &b.url()).await["kv_events"].is_object()
     })
     .await;
 
@@ -54,7 +55,11 @@ async fn a_cached_prefix_attracts_its_request_until_the_holder_is_backed_up() {
     .await;
     for i in 0..6 {
         let q = format!("{shared} question {i}");
-        assert_eq!(send(&c, &r, &q).await, a.url(), "request {i} follows its cached prefix");
+        assert_eq!(
+            send(&c, &r, &q).await,
+            a.url(),
+            "request {i} follows its cached prefix"
+        );
     }
     let hit = worker_json(&c, &r.url(), &a.url()).await["routed"]["hit_rate"]
         .as_f64()
@@ -67,7 +72,10 @@ async fn a_cached_prefix_attracts_its_request_until_the_holder_is_backed_up() {
             let (c, url) = (c.clone(), a.url());
             tokio::spawn(async move {
                 let body = json!({ "prompt": prompt(&format!("flood{i}"), 6000), "max_tokens": 1 });
-                c.post(format!("{url}/v1/completions")).json(&body).send().await
+                c.post(format!("{url}/v1/completions"))
+                    .json(&body)
+                    .send()
+                    .await
             })
         })
         .collect();
@@ -95,13 +103,19 @@ async fn workers_without_kv_events_are_priced_from_what_the_router_sent() {
     let r = min_ttft_router(vec![a.url(), b.url()]).await;
     let c = reqwest::Client::new();
     let w = worker_json(&c, &r.url(), &a.url()).await;
-    assert!(w["kv_events"].is_null() && w["no_kv_events_reason"].is_string(), "{w}");
+    assert!(
+        w["kv_events"].is_null() && w["no_kv_events_reason"].is_string(),
+        "{w}"
+    );
     for tenant in ["alpha", "beta", "gamma"] {
         let system = prompt(tenant, 2000);
         let first = send(&c, &r, &format!("{system} q0")).await;
         for i in 1..5 {
             let got = send(&c, &r, &format!("{system} q{i}")).await;
-            assert_eq!(got, first, "{tenant}: turn {i} goes where the prefix was sent");
+            assert_eq!(
+                got, first,
+                "{tenant}: turn {i} goes where the prefix was sent"
+            );
         }
     }
     let (mut cached, mut total) = (0, 0);
@@ -111,7 +125,10 @@ async fn workers_without_kv_events_are_priced_from_what_the_router_sent() {
         total += routed["prompt_tokens"].as_u64().unwrap();
     }
     // 4 of every 5 requests reuse a 2000-token prefix the tree remembers.
-    assert!(cached * 10 > total * 7, "{cached} of {total} tokens believed cached");
+    assert!(
+        cached * 10 > total * 7,
+        "{cached} of {total} tokens believed cached"
+    );
     stop(r, [a, b]).await;
 }
 

@@ -1,0 +1,181 @@
+//! Admission control under overload, on loopback with a real engine: with a predicted-wait cap the
+//! requests the router admits see their first token within the budget, the rest are refused at
+//! once with 429 and `Retry-After`, and nothing is left behind (no in-flight count, no queue).
+
+use loadlink_router::admission::{AdmissionConfig, Overload, SLO_HEADER};
+use loadlink_router::policy::{MinTtft, Policy};
+use loadlink_router::{LoadSignal, RouterHandle};
+use loadlink_testkit::{router, scrape, wait_for, worker_json};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// How one streaming request ended: its status, and the time to its first body chunk (or to the
+/// refusal), and `Retry-After` when refused.
+struct Outcome {
+    status: u16,
+    first: Duration,
+    retry_after: Option<u64>,
+}
+
+async fn burst(r: &RouterHandle, n: usize, slo_ms: Option<u64>) -> Vec<Outcome> {
+    let c = reqwest::Client::new();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (c, url) = (c.clone(), r.url());
+            tokio::spawn(async move {
+                let text = format!("unique prompt {i} ").repeat(200); // ~1000 tokens
+                let mut req = c
+                    .post(format!("{url}/v1/completions"))
+                    .json(&json!({ "prompt": text, "max_tokens": 8, "stream": true }));
+                if let Some(ms) = slo_ms {
+                    req = req.header(SLO_HEADER, ms.to_string());
+                }
+                let sent = Instant::now();
+                let mut resp = req.send().await.unwrap();
+                let status = resp.status().as_u16();
+                let retry_after = resp
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                let _ = resp.chunk().await;
+                let first = sent.elapsed();
+                while let Ok(Some(_)) = resp.chunk().await {}
+                Outcome {
+                    status,
+                    first,
+                    retry_after,
+                }
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn capped_router(engine: &str, admission: AdmissionConfig) -> RouterHandle {
+    router(vec![engine.to_string()], LoadSignal::Backlog, |c| {
+        c.policy = Policy::MinTtft(MinTtft::default());
+        c.admission = admission;
+    })
+    .await
+}
+
+/// The router has released everything: no in-flight request, no queued one.
+async fn nothing_left(r: &RouterHandle, engine: &str) {
+    let c = reqwest::Client::new();
+    wait_for("in-flight counts return to zero", 20, || async {
+        worker_json(&c, &r.url(), engine).await["inflight"] == 0
+    })
+    .await;
+    let page = scrape(&c, &r.url()).await;
+    assert_eq!(page.value("loadlink_admission_queued", &[]), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
+    let (e, _) = loadlink_testkit::publishing_engine(|c| c.model.max_running_requests = 4).await;
+    let budget_ms = 1500;
+    let open = capped_router(&e.url(), AdmissionConfig::default()).await;
+    let c = reqwest::Client::new();
+    wait_for("the engine's load is fresh", 20, || async {
+        worker_json(&c, &open.url(), &e.url()).await["source"] == "engine"
+    })
+    .await;
+    let uncapped = burst(&open, 40, None).await;
+    let slowest = uncapped.iter().map(|o| o.first).max().unwrap();
+    assert!(
+        slowest > Duration::from_millis(2 * budget_ms),
+        "the burst overloads the engine without admission: slowest first token {slowest:?}"
+    );
+    open.stop().await;
+    wait_for("the engine drains", 30, || async { e.open_requests() == 0 }).await;
+
+    let capped = capped_router(
+        &e.url(),
+        AdmissionConfig {
+            max_predicted_wait_ms: Some(budget_ms),
+            overload: Overload::Reject,
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_for("the engine's load is fresh", 20, || async {
+        worker_json(&c, &capped.url(), &e.url()).await["source"] == "engine"
+    })
+    .await;
+    let results = burst(&capped, 40, None).await;
+    let (admitted, refused): (Vec<_>, Vec<_>) = results.iter().partition(|o| o.status == 200);
+    assert!(!admitted.is_empty() && !refused.is_empty(), "some of each");
+    assert!(
+        refused
+            .iter()
+            .all(|o| o.status == 429 && o.retry_after >= Some(1))
+    );
+    let mut firsts: Vec<_> = admitted.iter().map(|o| o.first).collect();
+    firsts.sort();
+    let p99 = firsts[(firsts.len() - 1) * 99 / 100];
+    assert!(
+        p99 <= Duration::from_millis(budget_ms),
+        "admitted p99 first token {p99:?} within the {budget_ms} ms budget ({} admitted)",
+        admitted.len()
+    );
+    let slowest_refusal = refused.iter().map(|o| o.first).max().unwrap();
+    eprintln!(
+        "admitted {} (p99 first token {p99:?}), refused {} (slowest refusal {slowest_refusal:?})",
+        admitted.len(),
+        refused.len()
+    );
+    nothing_left(&capped, &e.url()).await;
+    let page = scrape(&c, &capped.url()).await;
+    assert_eq!(
+        page.value(
+            "loadlink_admission_refused_total",
+            &[("reason", "overloaded")]
+        ),
+        Some(refused.len() as f64)
+    );
+    capped.stop().await;
+    e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_budget_header_refuses_what_cannot_make_it_and_the_queue_is_bounded() {
+    let (e, _) = loadlink_testkit::publishing_engine(|c| c.model.max_running_requests = 2).await;
+    let r = capped_router(
+        &e.url(),
+        AdmissionConfig {
+            max_waiting: Some(1),
+            overload: Overload::Queue {
+                size: 3,
+                timeout_ms: 300,
+            },
+            ..Default::default()
+        },
+    )
+    .await;
+    let c = reqwest::Client::new();
+    wait_for("the engine's load is fresh", 20, || async {
+        worker_json(&c, &r.url(), &e.url()).await["source"] == "engine"
+    })
+    .await;
+    // A budget no engine can meet (a 1000-token prefill alone takes ~100 ms) is refused at once.
+    let slo = burst(&r, 1, Some(1)).await;
+    assert_eq!(slo[0].status, 429);
+    let results = burst(&r, 30, None).await;
+    let refused = results.iter().filter(|o| o.status == 429).count();
+    assert!(refused > 0 && results.iter().any(|o| o.status == 200));
+    let page = scrape(&c, &r.url()).await;
+    let count = |why| {
+        page.value("loadlink_admission_refused_total", &[("reason", why)])
+            .unwrap()
+    };
+    assert_eq!(count("slo_unreachable"), 1.0);
+    assert_eq!(count("queue_full") + count("queue_timeout"), refused as f64);
+    assert!(count("queue_full") > 0.0, "a full queue refuses at once");
+    nothing_left(&r, &e.url()).await;
+    r.stop().await;
+    e.stop().await;
+}
