@@ -8,6 +8,7 @@
 //! duration or Ctrl-C), stop the clients, report, stop the fleet. Output goes line by line to the
 //! caller's `out`.
 
+use crate::demo_traffic::{Conversation, DemoWorkload};
 use crate::sim::quantile;
 use loadlink_engine::{Engine, EngineConfig, ModelConfig};
 use loadlink_router::{LoadSignal, Policy, RouterConfig, RouterHandle};
@@ -34,6 +35,8 @@ pub struct DemoConfig {
     pub max_running_requests: usize,
     /// Preferred port of the engine-load router (any free port when it is taken).
     pub router_port: u16,
+    /// What the clients send.
+    pub workload: DemoWorkload,
 }
 
 /// The engines and the two routers in front of them.
@@ -64,24 +67,28 @@ impl Fleet {
             engines.push(engine.await.map_err(|e| e.to_string())?);
         }
         let urls: Vec<String> = engines.iter().map(Engine::url).collect();
-        let mk = |signal, port| RouterConfig {
+        // loadlink's default router (min_ttft on engine backlog and KV events) against the
+        // classic one (power of two on its own in-flight count).
+        let mk = |policy, signal, port| RouterConfig {
             port,
             worker_urls: urls.clone(),
-            policy: Policy::PowerOfTwo,
+            policy,
             load_signal: signal,
             ..Default::default()
         };
+        let ours = RouterConfig::default();
+        let (p, s) = (ours.policy, ours.load_signal);
         // Prefer the well-known port (so /workers is easy to find); take any if it is busy.
-        let engine_router =
-            match loadlink_router::start(mk(LoadSignal::Backlog, cfg.router_port)).await {
-                Ok(r) => r,
-                Err(_) => loadlink_router::start(mk(LoadSignal::Backlog, 0))
-                    .await
-                    .map_err(|e| e.to_string())?,
-            };
-        let inflight_router = loadlink_router::start(mk(LoadSignal::Inflight, 0))
-            .await
-            .map_err(|e| e.to_string())?;
+        let engine_router = match loadlink_router::start(mk(p, s, cfg.router_port)).await {
+            Ok(r) => r,
+            Err(_) => loadlink_router::start(mk(p, s, 0))
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        let inflight_router =
+            loadlink_router::start(mk(Policy::PowerOfTwo, LoadSignal::Inflight, 0))
+                .await
+                .map_err(|e| e.to_string())?;
         Ok(Fleet {
             engines,
             urls,
@@ -143,9 +150,12 @@ enum ClientKind {
 }
 
 /// One streaming request; returns time to the first event.
-async fn stream_once(c: &reqwest::Client, url: &str, max_tokens: u64) -> Result<f64, String> {
+async fn stream_once(
+    c: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<f64, String> {
     let t0 = Instant::now();
-    let body = serde_json::json!({"messages": [{"role": "user", "content": "Tell me about load balancing."}], "max_tokens": max_tokens, "stream": true});
     let send = c
         .post(format!("{url}/v1/chat/completions"))
         .json(&body)
@@ -184,9 +194,11 @@ impl Clients {
                 (fleet.inflight_router.url(), ClientKind::InflightRouter)
             };
             let max_tokens = cfg.max_tokens;
+            let mut talk = Conversation::new(cfg.workload, i);
             tasks.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let r = stream_once(&c, &target, max_tokens).await;
+                    let r = stream_once(&c, &target, &talk.next_body(max_tokens)).await;
+                    talk.answered(max_tokens);
                     let mut t = ttfts.lock().unwrap_or_else(|p| p.into_inner());
                     match (r, kind) {
                         (Ok(x), ClientKind::EngineRouter) => t.engine.push(x),
@@ -267,7 +279,7 @@ fn report(mut t: Ttfts, out: &mut dyn FnMut(&str)) {
         "router", "requests", "p50 (s)", "p99 (s)"
     ));
     for (name, v) in [
-        ("engine backlog (P2C)", &mut t.engine),
+        ("loadlink (min_ttft)", &mut t.engine),
         ("in-flight (P2C)", &mut t.inflight),
     ] {
         let (p50, p99) = (quantile(v, 0.5), quantile(v, 0.99));
@@ -279,9 +291,27 @@ fn report(mut t: Ttfts, out: &mut dyn FnMut(&str)) {
     if t.errors > 0 {
         out(&format!("  ({} client errors)", t.errors));
     }
-    out(
-        "The in-flight router cannot see the direct clients on engine 0; the engine-load router can.",
-    );
+    out("The in-flight router cannot see the direct clients on engine 0; loadlink's router can.");
+}
+
+/// Prefix-cache figures of a chat run: what the engines reused (both routers' traffic and the
+/// direct clients'), and what loadlink's router believed it routed for.
+async fn cache_report(fleet: &Fleet, out: &mut dyn FnMut(&str)) {
+    let c = reqwest::Client::new();
+    let (hit, prompt) = crate::live::scrape::fleet_cache_counters(&c, &fleet.urls)
+        .await
+        .unwrap_or((0.0, 0.0));
+    let (mut cached, mut routed) = (0u64, 0u64);
+    for w in fleet.engine_router.state.fleet.workers().iter() {
+        cached += w.routed_cached_tokens.load(Ordering::Relaxed);
+        routed += w.routed_prompt_tokens.load(Ordering::Relaxed);
+    }
+    out(&format!(
+        "Prefix cache: engines reused {:.0}% of all prompt tokens; loadlink's router sent its \
+         requests where {:.0}% of their tokens were cached.",
+        100.0 * hit / prompt.max(1.0),
+        100.0 * cached as f64 / routed.max(1) as f64
+    ));
 }
 
 /// Runs the demo; every line of output goes to `out`.
@@ -291,6 +321,9 @@ pub async fn run_demo(cfg: &DemoConfig, mut out: impl FnMut(&str)) -> Result<(),
     let clients = Clients::start(cfg, &fleet);
     watch(&fleet.engine_router, cfg.duration_s, &mut out).await;
     report(clients.stop(), &mut out);
+    if cfg.workload == DemoWorkload::Chat {
+        cache_report(&fleet, &mut out).await;
+    }
     fleet.stop().await;
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! delays).
 
 pub mod demo;
+pub mod demo_traffic;
 pub mod fleet;
 pub mod live;
 pub mod plot;

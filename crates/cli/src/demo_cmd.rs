@@ -5,6 +5,7 @@
 use anyhow::Result;
 use clap::Args;
 use loadlink_bench::demo::{DemoConfig, run_demo};
+use loadlink_bench::demo_traffic::DemoWorkload;
 
 #[derive(Args)]
 pub struct DemoArgs {
@@ -32,6 +33,10 @@ pub struct DemoArgs {
     /// Port of the engine-load router (its /workers and /metrics are live during the demo).
     #[arg(long, default_value_t = 30080)]
     router_port: u16,
+    /// What clients send: single (one short prompt, load alone decides) or chat (multi-turn
+    /// sessions of 4 tenants with long system prompts: prefix reuse for the cache-aware router).
+    #[arg(long, default_value = "single", value_parser = DemoWorkload::parse)]
+    workload: DemoWorkload,
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
@@ -44,6 +49,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         max_tokens: a.max_tokens,
         max_running_requests: a.max_running_requests,
         router_port: a.router_port,
+        workload: a.workload,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

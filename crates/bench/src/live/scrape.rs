@@ -39,7 +39,7 @@ fn cache_counters(page: &prom::Scrape) -> Option<(f64, f64)> {
 }
 
 /// The fleet's lifetime `(cached, prompt)` tokens; `None` when any engine does not say.
-pub(super) async fn fleet_cache_counters(
+pub(crate) async fn fleet_cache_counters(
     c: &reqwest::Client,
     engines: &[String],
 ) -> Option<(f64, f64)> {
