@@ -58,7 +58,7 @@ impl Conversation {
             return json!({"messages": [{"role": "user", "content": "Tell me about load balancing."}],
                           "max_tokens": max_tokens, "stream": true});
         }
-        if self.messages.len() >= 2 * TURNS + 1 || self.messages.is_empty() {
+        if self.messages.len() > 2 * TURNS || self.messages.is_empty() {
             self.session += 1;
             let tenant = self.client % TENANTS;
             self.messages = vec![json!({"role": "system", "content": system_prompt(tenant)})];

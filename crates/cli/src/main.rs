@@ -48,7 +48,7 @@ enum Command {
     /// Run a simulated SGLang-compatible engine that publishes its real load.
     Engine(engine_cmd::EngineArgs),
     /// Run the load-aware router in front of one or more engines.
-    Route(route_cmd::RouteArgs),
+    Route(Box<route_cmd::RouteArgs>),
     /// Run a load publisher for one or more ranks with a synthetic, changing load (for trying a
     /// router or `wire listen` against real sockets without an engine).
     Publish(publish_cmd::PublishArgs),
@@ -116,7 +116,7 @@ fn main() {
         Command::Demo(a) => demo_cmd::run(a),
         Command::Engine(a) => engine_cmd::run(a),
         Command::Publish(a) => publish_cmd::run(a),
-        Command::Route(a) => route_cmd::run(a),
+        Command::Route(a) => route_cmd::run(*a),
         Command::Watch(a) => watch_cmd::run(a),
         Command::Wire(c) => wire_cmd::run(c),
     };
