@@ -100,7 +100,8 @@ def fleet():
 def rows(d: WebDriver) -> dict:
     script = """return Array.from(document.querySelectorAll('#rows tr')).map(tr => ({
         worker: tr.dataset.worker, source: tr.children[6].textContent,
-        waiting: +tr.querySelector('.waiting').textContent, running: +tr.querySelector('.running').textContent}));"""
+        waiting: +tr.querySelector('.waiting').textContent, running: +tr.querySelector('.running').textContent,
+        blocks: tr.querySelector('.blocks').textContent, hit: tr.querySelector('.hit').textContent}));"""
     return {r["worker"]: r for r in d.cmd("POST", "/execute/sync", {"script": script, "args": []})}
 
 
@@ -132,6 +133,13 @@ def test_dashboard_shows_every_worker_and_live_numbers(fleet):
             threading.Thread(target=direct, daemon=True).start()
         busy = poll(d, lambda r: r[engines[0]]["running"] == 4 and r[engines[0]]["waiting"] >= 4, "the direct load")
         assert busy[engines[1]]["running"] == 0
+        # A prompt sent twice through the router: the engine's KV events fill its cached-blocks
+        # cell, and the second request's believed hit fills the hit-rate cell.
+        long_prompt = "cache me " * 200
+        for _ in range(2):
+            http("POST", router + "/v1/completions", {"prompt": long_prompt, "max_tokens": 1}, timeout=60)
+        poll(d, lambda r: any(x["blocks"] not in ("–", "0") and x["hit"].endswith("%") for x in r.values()),
+             "cached blocks and a hit rate")
         shot = base64.b64decode(d.cmd("GET", "/screenshot"))
         out = REPO / "artifacts"
         out.mkdir(exist_ok=True)
