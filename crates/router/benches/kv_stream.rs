@@ -10,8 +10,6 @@ use loadlink_publish::kv_publisher::{KvEventPublisher, KvPublisherConfig};
 use loadlink_router::Worker;
 use loadlink_router::cache::CacheBook;
 use loadlink_router::fleet::{Discovery, Fleet};
-use loadlink_wire::descriptor::KvStreamEndpoint;
-use loadlink_wire::discovery::KvStreams;
 use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, page_hashes};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,22 +85,7 @@ fn rank(batches: usize) -> (KvEventPublisher, Arc<CacheBook>, Fleet, Discovery) 
     cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", base + 1));
     cfg.buffer_steps = batches;
     let publisher = KvEventPublisher::bind(&ctx, cfg).expect("publisher binds");
-    let book = Arc::new(CacheBook::new(1 << 22));
-    let fleet = Fleet::with_cache(1, book.clone());
-    let streams = KvStreams {
-        block_size: 16,
-        topic: String::new(),
-        endpoints: vec![KvStreamEndpoint {
-            rank: 0,
-            endpoint: format!("tcp://127.0.0.1:{base}"),
-            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
-        }],
-    };
-    let d = Discovery {
-        endpoints: Vec::new(),
-        no_load_reason: Some("bench".into()),
-        kv: Ok(streams),
-    };
+    let (book, fleet, d) = loadlink_testkit::bare_kv_fleet(base, 16);
     (publisher, book, fleet, d)
 }
 

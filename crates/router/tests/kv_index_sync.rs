@@ -300,11 +300,7 @@ async fn a_flush_empties_the_rank_and_a_worker_without_kv_events_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_longer_than_the_engines_send_hwm_is_continued() {
     use loadlink_publish::{KvEventPublisher, KvPublisherConfig};
-    use loadlink_router::fleet::{Discovery, Fleet};
-    use loadlink_wire::descriptor::KvStreamEndpoint;
-    use loadlink_wire::discovery::KvStreams;
     use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
-    use std::sync::Arc;
     const BATCHES: u64 = 5_000;
     let base = loadlink_publish::free_port_block(2).unwrap();
     let ctx = zmq::Context::new();
@@ -330,22 +326,7 @@ async fn a_replay_longer_than_the_engines_send_hwm_is_continued() {
         async move { n == BATCHES }
     })
     .await;
-    let book = Arc::new(loadlink_router::cache::CacheBook::default());
-    let fleet = Fleet::with_cache(1, book.clone());
-    let kv = KvStreams {
-        block_size: 4,
-        topic: String::new(),
-        endpoints: vec![KvStreamEndpoint {
-            rank: 0,
-            endpoint: format!("tcp://127.0.0.1:{base}"),
-            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
-        }],
-    };
-    let d = Discovery {
-        endpoints: Vec::new(),
-        no_load_reason: Some("a bare KV publisher".into()),
-        kv: Ok(kv),
-    };
+    let (book, fleet, d) = loadlink_testkit::bare_kv_fleet(base, 4);
     fleet.add("http://127.0.0.1:9", d);
     let b = book.clone();
     wait_for("every replayed block indexed", 20, || {
@@ -368,12 +349,8 @@ async fn a_replay_longer_than_the_engines_send_hwm_is_continued() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_that_never_answers_fails_and_live_batches_still_count() {
     use loadlink_publish::{KvEventPublisher, KvPublisherConfig};
-    use loadlink_router::cache::{CacheBook, ResyncReason};
-    use loadlink_router::fleet::{Discovery, Fleet};
-    use loadlink_wire::descriptor::KvStreamEndpoint;
-    use loadlink_wire::discovery::KvStreams;
+    use loadlink_router::cache::ResyncReason;
     use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
-    use std::sync::Arc;
     use std::sync::atomic::Ordering::Relaxed;
     // Two ports: the PUB, and a replay port nothing listens on.
     let base = loadlink_publish::free_port_block(2).unwrap();
@@ -383,22 +360,7 @@ async fn a_replay_that_never_answers_fails_and_live_batches_still_count() {
         KvPublisherConfig::new(format!("tcp://127.0.0.1:{base}")),
     )
     .unwrap();
-    let book = Arc::new(CacheBook::default());
-    let fleet = Fleet::with_cache(1, book.clone());
-    let kv = KvStreams {
-        block_size: 4,
-        topic: String::new(),
-        endpoints: vec![KvStreamEndpoint {
-            rank: 0,
-            endpoint: format!("tcp://127.0.0.1:{base}"),
-            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
-        }],
-    };
-    let d = Discovery {
-        endpoints: Vec::new(),
-        no_load_reason: Some("a bare KV publisher".into()),
-        kv: Ok(kv),
-    };
+    let (book, fleet, d) = loadlink_testkit::bare_kv_fleet(base, 4);
     let w = fleet.add("http://127.0.0.1:9", d);
     let b = book.clone();
     wait_for("the initial replay to fail", 10, || {

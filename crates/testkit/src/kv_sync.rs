@@ -182,3 +182,36 @@ pub async fn server_info_front(c: &reqwest::Client, engine_url: &str, kv_port: u
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
 }
+
+/// A fleet with its cache book, and the discovery of a worker that is nothing but a KV-event
+/// publisher on `base` (replay on `base + 1`) with `block_size`-token pages: for tests and
+/// benchmarks that play the engine with a real `KvEventPublisher`. Add it with
+/// `fleet.add(url, discovery)`.
+pub fn bare_kv_fleet(
+    base: u16,
+    block_size: u64,
+) -> (
+    Arc<loadlink_router::cache::CacheBook>,
+    loadlink_router::fleet::Fleet,
+    loadlink_router::fleet::Discovery,
+) {
+    use loadlink_wire::descriptor::KvStreamEndpoint;
+    use loadlink_wire::discovery::KvStreams;
+    let book = Arc::new(loadlink_router::cache::CacheBook::default());
+    let fleet = loadlink_router::fleet::Fleet::with_cache(1, book.clone());
+    let kv = KvStreams {
+        block_size,
+        topic: String::new(),
+        endpoints: vec![KvStreamEndpoint {
+            rank: 0,
+            endpoint: format!("tcp://127.0.0.1:{base}"),
+            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
+        }],
+    };
+    let d = loadlink_router::fleet::Discovery {
+        endpoints: Vec::new(),
+        no_load_reason: Some("a bare KV-event publisher".into()),
+        kv: Ok(kv),
+    };
+    (book, fleet, d)
+}

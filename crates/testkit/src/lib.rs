@@ -36,7 +36,7 @@ pub use engine::{engine, publishing_engine};
 pub use http::{complete, complete_ok, get_json, get_text, post, post_json};
 pub use kv::KvEvents;
 pub use kv_sync::{
-    KvEngine, TcpRelay, engine_blocks, kv_engine, kv_engine_config, router_blocks,
+    KvEngine, TcpRelay, bare_kv_fleet, engine_blocks, kv_engine, kv_engine_config, router_blocks,
     server_info_front, wait_index_matches,
 };
 pub use metrics::scrape;
