@@ -102,6 +102,7 @@ fn rank(batches: usize) -> (KvEventPublisher, Arc<CacheBook>, Fleet, Discovery) 
         endpoints: Vec::new(),
         no_load_reason: Some("bench".into()),
         kv: Ok(streams),
+        poll: None,
     };
     (publisher, book, fleet, d)
 }

@@ -34,6 +34,9 @@ pub struct RouterConfig {
     /// Bound on distinct blocks in the KV index (`--kv-index-max-blocks`).
     pub kv_index_max_blocks: usize,
     pub admin_token: Option<String>,
+    /// Polling of workers without a load socket (`--load-poll-interval-ms`, `--load-poll-timeout-ms`).
+    pub load_poll_interval_ms: u64,
+    pub load_poll_timeout_ms: u64,
     /// Workers from a watched file and DNS, besides `worker_urls`.
     pub membership: MembershipConfig,
 }
@@ -61,6 +64,8 @@ impl Default for RouterConfig {
             ingest_threads: 1,
             kv_index_max_blocks: crate::cache::DEFAULT_MAX_BLOCKS,
             admin_token: None,
+            load_poll_interval_ms: crate::poll::DEFAULT_POLL_INTERVAL_MS,
+            load_poll_timeout_ms: crate::poll::DEFAULT_POLL_TIMEOUT_MS,
             membership: MembershipConfig {
                 dns_interval_ms: 5000,
                 ..Default::default()
@@ -73,6 +78,14 @@ impl RouterConfig {
     /// The configured worker URLs, each checked and normalised (no trailing `/`).
     pub fn validated_worker_urls(&self) -> Result<Vec<String>, String> {
         self.worker_urls.iter().map(|u| validate_url(u)).collect()
+    }
+
+    /// How the fleet polls workers without a load socket (interval at least 1 ms).
+    pub fn poll_config(&self) -> crate::poll::PollConfig {
+        crate::poll::PollConfig {
+            interval: std::time::Duration::from_millis(self.load_poll_interval_ms.max(1)),
+            timeout: std::time::Duration::from_millis(self.load_poll_timeout_ms.max(1)),
+        }
     }
 
     /// The address to bind, `HOST:PORT`.

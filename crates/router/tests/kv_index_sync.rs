@@ -345,6 +345,7 @@ async fn a_replay_longer_than_the_engines_send_hwm_is_continued() {
         endpoints: Vec::new(),
         no_load_reason: Some("a bare KV publisher".into()),
         kv: Ok(kv),
+        poll: None,
     };
     fleet.add("http://127.0.0.1:9", d);
     let b = book.clone();
@@ -398,6 +399,7 @@ async fn a_replay_that_never_answers_fails_and_live_batches_still_count() {
         endpoints: Vec::new(),
         no_load_reason: Some("a bare KV publisher".into()),
         kv: Ok(kv),
+        poll: None,
     };
     let w = fleet.add("http://127.0.0.1:9", d);
     let b = book.clone();
