@@ -76,7 +76,8 @@ pub struct RouteArgs {
     #[arg(long, default_value_t = loadlink_router::cache::DEFAULT_MAX_BLOCKS)]
     kv_index_max_blocks: usize,
     /// Workers without a load socket are polled for their load (`GET /v1/loads`, else scheduler
-    /// gauges on `GET /metrics`) every this many ms. Push is preferred when a worker has it.
+    /// gauges on `GET /metrics`) every this many ms (0: never; they are priced on in-flight).
+    /// Push is preferred when a worker has it.
     #[arg(long, default_value_t = loadlink_router::poll::DEFAULT_POLL_INTERVAL_MS)]
     load_poll_interval_ms: u64,
     /// A load poll (connect, answer and body) not done within this many ms fails and is counted
@@ -173,7 +174,7 @@ pub fn run(a: RouteArgs) -> Result<()> {
         kv_index_max_blocks: a.kv_index_max_blocks.max(1),
         discovery_concurrency: a.discovery_concurrency.max(1),
         admin_token: a.admin_token,
-        load_poll_interval_ms: a.load_poll_interval_ms.max(1),
+        load_poll_interval_ms: a.load_poll_interval_ms,
         load_poll_timeout_ms: a.load_poll_timeout_ms.max(1),
         membership: MembershipConfig {
             urls_file: a.worker_urls_file,

@@ -34,7 +34,8 @@ pub struct RouterConfig {
     /// Bound on distinct blocks in the KV index (`--kv-index-max-blocks`).
     pub kv_index_max_blocks: usize,
     pub admin_token: Option<String>,
-    /// Polling of workers without a load socket (`--load-poll-interval-ms`, `--load-poll-timeout-ms`).
+    /// Polling of workers without a load socket (`--load-poll-interval-ms`, 0: off;
+    /// `--load-poll-timeout-ms`).
     pub load_poll_interval_ms: u64,
     pub load_poll_timeout_ms: u64,
     /// Workers from a watched file and DNS, besides `worker_urls`.
@@ -80,10 +81,10 @@ impl RouterConfig {
         self.worker_urls.iter().map(|u| validate_url(u)).collect()
     }
 
-    /// How the fleet polls workers without a load socket (interval at least 1 ms).
+    /// How the fleet polls workers without a load socket (interval 0: not at all).
     pub fn poll_config(&self) -> crate::poll::PollConfig {
         crate::poll::PollConfig {
-            interval: std::time::Duration::from_millis(self.load_poll_interval_ms.max(1)),
+            interval: std::time::Duration::from_millis(self.load_poll_interval_ms),
             timeout: std::time::Duration::from_millis(self.load_poll_timeout_ms.max(1)),
         }
     }

@@ -22,6 +22,7 @@ pub struct Discovery {
     /// Its KV-event streams, or why it has none (then its cache is not indexed).
     pub kv: Result<KvStreams, String>,
     /// Without load sockets: the HTTP load source it serves (`/v1/loads` or `/metrics`), if any.
+    /// `no_load_reason` still says why there is no push; the fleet polls unless polling is off.
     pub poll: Option<Polled>,
 }
 
@@ -125,11 +126,7 @@ pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discover
     let mut d = discover_push(client, url, attempts).await;
     if d.endpoints.is_empty() {
         match crate::poll::probe(client, url, PROBE_TIMEOUT).await {
-            Ok(p) => {
-                tracing::info!(worker = url, "no load socket: polling {:?}", p.kind);
-                d.poll = Some(p);
-                d.no_load_reason = None;
-            }
+            Ok(p) => d.poll = Some(p),
             Err(why) => {
                 let push = d.no_load_reason.take().unwrap_or_default();
                 d.no_load_reason = Some(format!("{push}; no HTTP load source: {why}"));

@@ -191,10 +191,17 @@ impl Fleet {
     }
 
     /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks (load,
-    /// and KV events when it has them). A worker whose load sockets cannot be opened is kept,
+    /// and KV events when it has them), or, without load sockets, polls its HTTP load source
+    /// (unless polling is off). A worker whose load sockets cannot be opened is kept,
     /// priced on in-flight, with the reason; one without KV streams is simply not indexed.
     pub fn add(&self, url: &str, d: Discovery) -> Arc<Worker> {
-        let (sockets, reason) = if d.endpoints.is_empty() {
+        let polled = d
+            .poll
+            .filter(|_| d.endpoints.is_empty() && !self.polling.interval.is_zero());
+        let (sockets, reason) = if let Some(p) = polled {
+            tracing::info!(worker = url, "no load socket: polling {}", p.kind.as_str());
+            (Vec::new(), None)
+        } else if d.endpoints.is_empty() {
             (Vec::new(), d.no_load_reason)
         } else {
             match self.open_sockets(&d.endpoints) {
@@ -205,9 +212,9 @@ impl Fleet {
         if let Some(r) = &reason {
             tracing::warn!(worker = url, "routing on in-flight only: {r}");
         }
-        let (ranks, kind) = match d.poll {
-            Some(p) if d.endpoints.is_empty() => (p.ranks, p.kind),
-            _ => (d.endpoints.len(), LoadSourceKind::Push),
+        let (ranks, kind) = match polled {
+            Some(p) => (p.ranks, p.kind),
+            None => (d.endpoints.len(), LoadSourceKind::Push),
         };
         let worker = Worker::new(url.to_string(), ranks, reason, self.epoch);
         let worker = Arc::new(if ranks == 0 {

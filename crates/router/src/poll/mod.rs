@@ -28,7 +28,7 @@ use tokio::task::AbortHandle;
 /// How often and how long to poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollConfig {
-    /// `--load-poll-interval-ms`.
+    /// `--load-poll-interval-ms`; zero: polling is off (such workers are priced on in-flight).
     pub interval: Duration,
     /// `--load-poll-timeout-ms`: a poll (connect, headers, body) not done by then fails.
     pub timeout: Duration,
