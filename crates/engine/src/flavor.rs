@@ -48,7 +48,11 @@ loadlink_wire::label_set! {
     struct VllmLabels<'a> { engine: i64, model_name: &'a str }
 }
 
-type VllmGauge = (&'static str, &'static str, fn(&loadlink_wire::LoadSnapshot) -> f64);
+type VllmGauge = (
+    &'static str,
+    &'static str,
+    fn(&loadlink_wire::LoadSnapshot) -> f64,
+);
 
 /// vLLM's scheduler gauges (docs.vllm.ai, "Production Metrics"), read from each rank's snapshot.
 const VLLM_GAUGES: [VllmGauge; 3] = [

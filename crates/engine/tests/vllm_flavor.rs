@@ -16,7 +16,12 @@ async fn vllm_flavor_serves_vllm_metrics_and_models_and_no_sglang_routes() {
     })
     .await;
     let c = reqwest::Client::new();
-    complete_ok(&c, &e.url(), &serde_json::json!({"prompt": "abcd", "max_tokens": 2})).await;
+    complete_ok(
+        &c,
+        &e.url(),
+        &serde_json::json!({"prompt": "abcd", "max_tokens": 2}),
+    )
+    .await;
     let snaps = wait_until("both engines in /metrics", 10, || async {
         let page = c
             .get(format!("{}/metrics", e.url()))
@@ -44,7 +49,12 @@ async fn vllm_flavor_serves_vllm_metrics_and_models_and_no_sglang_routes() {
     assert_eq!(models["data"][0]["owned_by"], "vllm");
     assert!(models["data"][0]["max_model_len"].as_u64().is_some());
     for path in ["/server_info", "/get_server_info", "/v1/loads", "/get_load"] {
-        let status = c.get(format!("{}{path}", e.url())).send().await.unwrap().status();
+        let status = c
+            .get(format!("{}{path}", e.url()))
+            .send()
+            .await
+            .unwrap()
+            .status();
         assert_eq!(status, 404, "{path}");
     }
     e.stop().await;

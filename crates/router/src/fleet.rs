@@ -46,7 +46,6 @@ pub fn http_client() -> HttpClient {
         .build(conn)
 }
 
-
 /// The live worker set.
 pub struct Fleet {
     workers: ArcSwap<Vec<Arc<Worker>>>,
@@ -100,9 +99,8 @@ impl Fleet {
 
     /// Starts (or, with `None`, stops) the load poller of `url`, stopping the one it replaces.
     fn set_poller(&self, url: &str, worker: Option<&Arc<Worker>>) {
-        let new = worker.and_then(|w| {
-            crate::poll::spawn(w.clone(), self.poll_client.clone(), self.polling)
-        });
+        let new = worker
+            .and_then(|w| crate::poll::spawn(w.clone(), self.poll_client.clone(), self.polling));
         let mut pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
         let old = match new {
             Some(h) => pollers.insert(url.to_string(), h),

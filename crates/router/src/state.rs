@@ -32,7 +32,8 @@ impl AppState {
     pub fn new(cfg: RouterConfig) -> Self {
         let cache = Arc::new(CacheBook::new(cfg.kv_index_max_blocks));
         AppState {
-            fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone()).with_polling(cfg.poll_config()),
+            fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone())
+                .with_polling(cfg.poll_config()),
             cache,
             cfg,
             client: crate::fleet::http_client(),

@@ -31,8 +31,7 @@ const REQUIRED: [&str; 3] = ["dp_rank", "num_running_reqs", "num_waiting_reqs"];
 /// The per-rank snapshots of a `/v1/loads` JSON body, sorted by `dp_rank`.
 pub fn loads_from_json(body: &[u8]) -> Result<Vec<LoadSnapshot>, PolledError> {
     let err = |m: String| PolledError::Loads(m);
-    let doc: Value =
-        serde_json::from_slice(body).map_err(|e| err(format!("not JSON: {e}")))?;
+    let doc: Value = serde_json::from_slice(body).map_err(|e| err(format!("not JSON: {e}")))?;
     let loads = doc
         .get("loads")
         .ok_or_else(|| err("missing \"loads\"".into()))?
@@ -53,7 +52,10 @@ pub fn loads_from_json(body: &[u8]) -> Result<Vec<LoadSnapshot>, PolledError> {
 /// One rank: the known core scalars (strictly typed), unknown keys and sections ignored.
 fn rank_from_json(v: &Value) -> Result<LoadSnapshot, String> {
     let obj = v.as_object().ok_or("expected a JSON object")?;
-    if let Some(missing) = REQUIRED.iter().find(|k| obj.get(**k).is_none_or(Value::is_null)) {
+    if let Some(missing) = REQUIRED
+        .iter()
+        .find(|k| obj.get(**k).is_none_or(Value::is_null))
+    {
         return Err(format!("missing {missing:?}"));
     }
     let core: Map<String, Value> = obj
@@ -134,7 +136,8 @@ fn keep_gauges(text: &str, names: &[&str]) -> String {
         let rest = match line.strip_prefix('#') {
             Some(c) => {
                 let c = c.trim_start();
-                c.strip_prefix("HELP ").or_else(|| c.strip_prefix("TYPE "))?
+                c.strip_prefix("HELP ")
+                    .or_else(|| c.strip_prefix("TYPE "))?
             }
             None => line,
         };
@@ -167,8 +170,10 @@ fn detect(text: &str) -> Option<MetricsFlavor> {
 pub fn loads_from_metrics(text: &str) -> Result<(MetricsFlavor, Vec<LoadSnapshot>), PolledError> {
     let err = |m: String| PolledError::Metrics(m);
     let flavor = detect(text).ok_or_else(|| {
-        err("no scheduler gauge: expected sglang:num_running_reqs or vllm:num_requests_running"
-            .into())
+        err(
+            "no scheduler gauge: expected sglang:num_running_reqs or vllm:num_requests_running"
+                .into(),
+        )
     })?;
     let page = parse(&keep_gauges(text, &flavor.gauges())).map_err(|e| err(e.to_string()))?;
     let n = flavor.names();

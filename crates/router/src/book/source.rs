@@ -45,7 +45,10 @@ impl LoadSourceKind {
 
     /// Whether a poller fetches this source.
     pub fn polled(self) -> bool {
-        matches!(self, LoadSourceKind::PollLoads | LoadSourceKind::ScrapeMetrics)
+        matches!(
+            self,
+            LoadSourceKind::PollLoads | LoadSourceKind::ScrapeMetrics
+        )
     }
 }
 

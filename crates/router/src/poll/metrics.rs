@@ -60,7 +60,10 @@ pub fn write(e: &mut Exposition, loads: &[(&Worker, Load)], freshness_ms: u64) {
     for (name, help, read) in POLL_COUNTERS {
         let mut f = e.family(name, MetricType::Counter, help);
         for w in &polled {
-            f.sample(&PolledLabels { worker: &w.url }, read(&w.load_source).load(Relaxed));
+            f.sample(
+                &PolledLabels { worker: &w.url },
+                read(&w.load_source).load(Relaxed),
+            );
         }
     }
     let mut f = e.family(

@@ -165,9 +165,11 @@ pub fn spawn(worker: Arc<Worker>, client: HttpClient, cfg: PollConfig) -> Option
 
 async fn run(worker: Arc<Worker>, client: HttpClient, cfg: PollConfig) {
     // A per-worker phase, so a fleet's polls do not all leave at once.
-    let phase = worker.url.bytes().fold(0u64, |h, b| {
-        h.wrapping_mul(0x100_0000_01B3) ^ u64::from(b)
-    }) % (cfg.interval.as_micros() as u64).max(1);
+    let phase = worker
+        .url
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(0x100_0000_01B3) ^ u64::from(b))
+        % (cfg.interval.as_micros() as u64).max(1);
     tokio::time::sleep(Duration::from_micros(phase)).await;
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

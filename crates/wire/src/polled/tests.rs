@@ -36,7 +36,10 @@ fn loads_json_ignores_unknown_fields_and_names_what_is_missing() {
     assert_eq!(loads_from_json(ok).unwrap()[0].num_running_reqs, 2);
     let missing = br#"{"loads":[{"dp_rank":0,"num_running_reqs":2}]}"#;
     let e = loads_from_json(missing).unwrap_err().to_string();
-    assert!(e.contains("loads[0]") && e.contains("num_waiting_reqs"), "{e}");
+    assert!(
+        e.contains("loads[0]") && e.contains("num_waiting_reqs"),
+        "{e}"
+    );
     let typed = br#"{"loads":[{"dp_rank":0,"num_running_reqs":"2","num_waiting_reqs":1}]}"#;
     let e = loads_from_json(typed).unwrap_err().to_string();
     assert!(e.contains("num_running_reqs"), "{e}");
@@ -72,7 +75,10 @@ vllm:prompt_tokens_created{engine=\"0\",model_name=\"m\"} 1.7e9
     let (flavor, snaps) = loads_from_metrics(page).unwrap();
     assert_eq!(flavor, MetricsFlavor::Vllm);
     assert_eq!(snaps.len(), 2);
-    assert_eq!((snaps[0].num_running_reqs, snaps[0].num_waiting_reqs), (3, 5));
+    assert_eq!(
+        (snaps[0].num_running_reqs, snaps[0].num_waiting_reqs),
+        (3, 5)
+    );
     assert_eq!(snaps[0].token_usage, Some(0.5));
     assert_eq!((snaps[1].dp_rank, snaps[1].token_usage), (1, None));
 }
@@ -98,10 +104,12 @@ fn metrics_errors_name_what_is_missing() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("vllm:num_requests_running"), "{e}");
-    let no_wait = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 2\n";
+    let no_wait =
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 2\n";
     let e = loads_from_metrics(no_wait).unwrap_err().to_string();
     assert!(e.contains("vllm:num_requests_waiting"), "{e}");
-    let bad_rank = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"x\"} 2\n";
+    let bad_rank =
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"x\"} 2\n";
     let e = loads_from_metrics(bad_rank).unwrap_err().to_string();
     assert!(e.contains("engine=\"x\""), "{e}");
 }
