@@ -263,22 +263,19 @@ fn source_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<(
         .map(|&(signal, delivery)| {
             let source = match signal {
                 LoadSignal::Inflight => "in-flight only".to_string(),
-                _ => delivery.label(),
+                _ => format!("backlog, {}", delivery.label()),
             };
-            eprint!("\r{source:<24}");
-            let _ = std::io::stderr().flush();
             let s = Scenario {
                 delivery,
                 ..s.clone()
             };
             Row {
-                label: format!("p2c / {} / {source}", signal.as_str()),
+                label: source,
                 load,
                 outcome: scenario::run(&s, seed, load, Policy::PowerOfTwo, signal),
             }
         })
         .collect();
-    eprintln!();
     print!("{}", table(&rows));
     let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
     let path = out.join(format!("{}-sources-seed{seed}.json", stem(s)));
