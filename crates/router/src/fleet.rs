@@ -99,8 +99,14 @@ impl Fleet {
 
     /// Starts (or, with `None`, stops) the load poller of `url`, stopping the one it replaces.
     fn set_poller(&self, url: &str, worker: Option<&Arc<Worker>>) {
-        let new = worker
-            .and_then(|w| crate::poll::spawn(w.clone(), self.poll_client.clone(), self.polling));
+        let new = worker.and_then(|w| {
+            let handle = crate::poll::spawn(w.clone(), self.poll_client.clone(), self.polling);
+            if handle.is_none() {
+                let why = "not polled: the worker was added outside an async runtime";
+                w.load_source.failed(why.into(), false);
+            }
+            handle
+        });
         let mut pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
         let old = match new {
             Some(h) => pollers.insert(url.to_string(), h),

@@ -166,7 +166,7 @@ fn detect(text: &str) -> Option<MetricsFlavor> {
 }
 
 /// The per-rank load of a `/metrics` page, and whose names it used. Ranks are numbered by the
-/// rank label (absent: rank 0); several series of one rank (per `tp_rank`, say) give their maximum.
+/// rank label (absent: rank 0); how several series of one rank combine is [`per_rank`]'s rule.
 pub fn loads_from_metrics(text: &str) -> Result<(MetricsFlavor, Vec<LoadSnapshot>), PolledError> {
     let err = |m: String| PolledError::Metrics(m);
     let flavor = detect(text).ok_or_else(|| {
@@ -217,9 +217,15 @@ fn gauge_count(v: f64) -> i64 {
     }
 }
 
-/// `(rank, value)` per distinct rank label of `name`, sorted by rank.
+/// Labels that name a replica of one scheduler's numbers (its tensor, pipeline or expert-parallel
+/// ranks all report the same gauges): their series are one reading, not several to add.
+const REPLICA_LABELS: [&str; 3] = ["tp_rank", "pp_rank", "moe_ep_rank"];
+
+/// `(rank, value)` per distinct rank label of `name`, sorted by rank. Within a rank, series that
+/// differ only in [`REPLICA_LABELS`] give their maximum; series that differ otherwise (a
+/// `priority` label, say) are added.
 fn per_rank(page: &Scrape, name: &str, rank_label: &str) -> Result<Vec<(i64, f64)>, String> {
-    let mut out: Vec<(i64, f64)> = Vec::new();
+    let mut groups: Vec<(i64, Vec<(&str, &str)>, f64)> = Vec::new();
     for s in page.samples(name) {
         let rank = match s.label(rank_label) {
             None => 0,
@@ -229,9 +235,23 @@ fn per_rank(page: &Scrape, name: &str, rank_label: &str) -> Result<Vec<(i64, f64
                 .filter(|r| *r >= 0)
                 .ok_or_else(|| format!("{name}: label {rank_label}={r:?} is not a rank"))?,
         };
-        match out.iter_mut().find(|(k, _)| *k == rank) {
-            Some((_, v)) => *v = v.max(s.value),
-            None => out.push((rank, s.value)),
+        let mut key: Vec<(&str, &str)> = s
+            .labels
+            .iter()
+            .filter(|(k, _)| k != rank_label && !REPLICA_LABELS.contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        key.sort_unstable();
+        match groups.iter_mut().find(|(r, k, _)| *r == rank && *k == key) {
+            Some((_, _, v)) => *v = v.max(s.value),
+            None => groups.push((rank, key, s.value)),
+        }
+    }
+    let mut out: Vec<(i64, f64)> = Vec::new();
+    for (rank, _, v) in groups {
+        match out.iter_mut().find(|(r, _)| *r == rank) {
+            Some((_, sum)) => *sum += v,
+            None => out.push((rank, v)),
         }
     }
     out.sort_by_key(|(k, _)| *k);

@@ -95,7 +95,19 @@ sglang:num_running_reqs{dp_rank=\"0\",tp_rank=\"0\"} 4\nsglang:num_running_reqs{
 # TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{dp_rank=\"0\",tp_rank=\"0\"} 9\n";
     let (flavor, s) = loads_from_metrics(sg).unwrap();
     assert_eq!(flavor, MetricsFlavor::Sglang);
-    assert_eq!((s.len(), s[0].num_waiting_reqs), (1, 9));
+    assert_eq!(
+        (s.len(), s[0].num_running_reqs, s[0].num_waiting_reqs),
+        (1, 4, 9)
+    );
+    let by_priority = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 1\n\
+# TYPE sglang:num_queue_reqs gauge\n\
+sglang:num_queue_reqs{priority=\"0\",tp_rank=\"0\"} 2\nsglang:num_queue_reqs{priority=\"0\",tp_rank=\"1\"} 2\n\
+sglang:num_queue_reqs{priority=\"1\",tp_rank=\"0\"} 3\n";
+    let (_, s) = loads_from_metrics(by_priority).unwrap();
+    assert_eq!(
+        s[0].num_waiting_reqs, 5,
+        "priorities add, tensor ranks do not"
+    );
 }
 
 #[test]
