@@ -221,11 +221,14 @@ fn gauge_count(v: f64) -> i64 {
 /// ranks all report the same gauges): their series are one reading, not several to add.
 const REPLICA_LABELS: [&str; 3] = ["tp_rank", "pp_rank", "moe_ep_rank"];
 
+/// A series' labels other than its rank and replica labels, sorted.
+type SeriesKey<'a> = Vec<(&'a str, &'a str)>;
+
 /// `(rank, value)` per distinct rank label of `name`, sorted by rank. Within a rank, series that
 /// differ only in [`REPLICA_LABELS`] give their maximum; series that differ otherwise (a
 /// `priority` label, say) are added.
 fn per_rank(page: &Scrape, name: &str, rank_label: &str) -> Result<Vec<(i64, f64)>, String> {
-    let mut groups: Vec<(i64, Vec<(&str, &str)>, f64)> = Vec::new();
+    let mut groups: Vec<(i64, SeriesKey<'_>, f64)> = Vec::new();
     for s in page.samples(name) {
         let rank = match s.label(rank_label) {
             None => 0,
@@ -235,7 +238,7 @@ fn per_rank(page: &Scrape, name: &str, rank_label: &str) -> Result<Vec<(i64, f64
                 .filter(|r| *r >= 0)
                 .ok_or_else(|| format!("{name}: label {rank_label}={r:?} is not a rank"))?,
         };
-        let mut key: Vec<(&str, &str)> = s
+        let mut key: SeriesKey<'_> = s
             .labels
             .iter()
             .filter(|(k, _)| k != rank_label && !REPLICA_LABELS.contains(&k.as_str()))
