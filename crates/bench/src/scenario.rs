@@ -10,7 +10,8 @@
 //! cache-aware router must beat.
 
 use crate::sim::{
-    CacheView, DirectTarget, Outcome, QueueStats, SimConfig, SimRouter, simulate_with_queues,
+    CacheView, DirectTarget, LoadDelivery, Outcome, QueueStats, SimConfig, SimRouter,
+    simulate_with_queues,
 };
 use crate::workload::{
     Arrival, ChatSessions, HotPrefix, Len, Pattern, ReuseEstimate, Shape, SharedSystem, Traffic,
@@ -35,6 +36,8 @@ pub struct Scenario {
     /// Where the engines publish in their cycle (`--publish-point`; default: loadlink's choice).
     pub publish_point: PublishPoint,
     pub workload: Workload,
+    /// How engine load reaches the routers (push by default).
+    pub delivery: LoadDelivery,
 }
 
 /// What a scenario sends.
@@ -65,6 +68,7 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
         model,
         publish_point: PublishPoint::default(),
         workload: Workload::Lengths,
+        delivery: LoadDelivery::Push,
     };
     match name {
         "s1" => Ok(s1),
@@ -346,6 +350,7 @@ pub fn run_arrivals(s: &Scenario, arrivals: &[Arrival], v: &Variant) -> (Outcome
         publish_every: 1,
         publish_point: s.publish_point,
         direct: s.direct,
+        delivery: s.delivery,
     };
     simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
 }

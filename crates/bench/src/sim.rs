@@ -18,10 +18,12 @@
 
 mod cache;
 mod clairvoyant;
+mod delivery;
 mod engine;
 mod outcome;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
+pub use delivery::LoadDelivery;
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, quantile};
 
 use crate::workload::Arrival;
@@ -75,6 +77,8 @@ pub struct SimConfig {
     /// Where in the engine's cycle it publishes (as `loadlink engine --publish-point`).
     pub publish_point: PublishPoint,
     pub direct: DirectTarget,
+    /// Pushed or polled snapshots ([`LoadDelivery`]).
+    pub delivery: LoadDelivery,
 }
 
 #[derive(Debug)]
@@ -94,6 +98,11 @@ enum Ev {
     },
     Heartbeat(usize),
     Sample,
+    /// Replica `router` polls engine `engine` (under [`LoadDelivery::Poll`]).
+    Poll {
+        router: usize,
+        engine: usize,
+    },
 }
 
 struct Item {
@@ -143,6 +152,8 @@ struct Sim<'a> {
     out: Outcome,
     queues: QueueSamples,
     horizon: f64,
+    /// What a poll reads, under [`LoadDelivery::Poll`].
+    latest: delivery::Latest,
 }
 
 /// The 1 s samples of the engines' waiting queues.
@@ -217,7 +228,7 @@ impl Sim<'_> {
             }
         }
         let sent: Vec<_> = self.engines[e].take_sent().collect();
-        for s in sent {
+        for s in self.held_for_polls(e, sent) {
             for r in 0..self.cfg.routers {
                 self.push(
                     t + self.cfg.net_delay_s,
@@ -248,6 +259,7 @@ impl Sim<'_> {
             self.push(0.0, Ev::Heartbeat(e));
         }
         self.push(1.0, Ev::Sample);
+        self.start_polls();
         let mut remaining = self.arrivals.len();
         while let Some(Item { t, ev, .. }) = self.heap.pop() {
             if t > self.horizon {
@@ -293,6 +305,8 @@ impl Sim<'_> {
                         self.push(t + IDLE_PUBLISH_FLOOR.as_secs_f64(), Ev::Heartbeat(e));
                     }
                 }
+                Ev::Poll { router, engine } if remaining > 0 => self.poll(router, engine, t),
+                Ev::Poll { .. } => {}
                 Ev::Sample => {
                     let w: Vec<f64> = self
                         .engines
@@ -442,6 +456,7 @@ pub fn simulate_with_queues(
         out: Outcome::default(),
         queues: QueueSamples::default(),
         horizon: horizon_s,
+        latest: delivery::Latest::new(cfg.engines.len()),
     };
     sim.run();
     let mut out = std::mem::take(&mut sim.out);

@@ -166,8 +166,9 @@ pub struct SimArgs {
     duration: Option<f64>,
     /// Which comparison: `load` (load-only policies × signals) or `cache` (round robin, backlog
     /// P2C, cache_aware on in-flight and on engine load, min_ttft on the approximate tree and on
-    /// the KV index, and the clairvoyant bound).
-    #[arg(long, default_value = "load", value_parser = ["load", "cache"])]
+    /// the KV index, and the clairvoyant bound), or `sources` (backlog P2C with the engine load
+    /// pushed, polled every 100 ms and every 1 s, against in-flight P2C).
+    #[arg(long, default_value = "load", value_parser = ["load", "cache", "sources"])]
     variants: String,
 }
 
@@ -213,6 +214,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);
     }
+    if a.variants == "sources" {
+        return source_comparison(&s, seed, load, out);
+    }
     let rows: Vec<Row> = VARIANTS
         .iter()
         .map(|&v| Row {
@@ -254,6 +258,44 @@ pub fn run(c: BenchCommand) -> Result<()> {
     let path = out.join(format!("{}.json", stem(&s)));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     println!("wrote {}", names(&path, &plots));
+    Ok(())
+}
+
+/// What push is worth over polling, on one seed: backlog P2C with the load pushed, polled every
+/// 100 ms and every 1 s, and in-flight P2C (no engine load at all); table and JSON
+/// (`{stem}-sources-seed{seed}.json`).
+fn source_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
+    use loadlink_bench::sim::LoadDelivery;
+    use loadlink_router::Policy;
+    let variants = [
+        (LoadSignal::Backlog, LoadDelivery::Push),
+        (LoadSignal::Backlog, LoadDelivery::Poll { interval_s: 0.1 }),
+        (LoadSignal::Backlog, LoadDelivery::Poll { interval_s: 1.0 }),
+        (LoadSignal::Inflight, LoadDelivery::Push),
+    ];
+    let rows: Vec<Row> = variants
+        .iter()
+        .map(|&(signal, delivery)| {
+            let source = match signal {
+                LoadSignal::Inflight => "in-flight only".to_string(),
+                _ => format!("backlog, {}", delivery.label()),
+            };
+            let s = Scenario {
+                delivery,
+                ..s.clone()
+            };
+            Row {
+                label: source,
+                load,
+                outcome: scenario::run(&s, seed, load, Policy::PowerOfTwo, signal),
+            }
+        })
+        .collect();
+    print!("{}", table(&rows));
+    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    let path = out.join(format!("{}-sources-seed{seed}.json", stem(s)));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    println!("wrote {}", path.display());
     Ok(())
 }
 

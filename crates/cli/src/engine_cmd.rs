@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use loadlink_engine::{Engine, EngineConfig, ModelConfig, PublishPoint, Timing};
+use loadlink_engine::{Engine, EngineConfig, Flavor, ModelConfig, PublishPoint, Timing};
 use loadlink_wire::Generation;
 
 #[derive(Args)]
@@ -71,6 +71,11 @@ pub struct EngineArgs {
     /// Largest accepted request body (bytes); larger bodies get 413.
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
+    /// Whose HTTP surface to present: sglang (its routes, gauge names and load socket) or vllm
+    /// (vLLM's `/metrics` gauge names and `/v1/models`; no load socket, no KV events, 404 on
+    /// `/server_info`, `/get_server_info` and `/v1/loads`), to test a router's load sources.
+    #[arg(long, default_value = "sglang", value_parser = Flavor::parse)]
+    flavor: Flavor,
     /// Model name served in /v1/models and responses.
     #[arg(long, default_value = "loadlink-sim")]
     model_name: String,
@@ -119,6 +124,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
         max_body_bytes: a.max_body_bytes,
         model_name: a.model_name,
         publish_point: a.publish_point,
+        flavor: a.flavor,
     };
     let rt = crate::runtime()?;
     rt.block_on(async move {

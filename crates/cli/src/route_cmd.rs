@@ -81,6 +81,15 @@ pub struct RouteArgs {
     /// and their ranks marked for resync; about 100 bytes per block.
     #[arg(long, default_value_t = loadlink_router::cache::DEFAULT_MAX_BLOCKS)]
     kv_index_max_blocks: usize,
+    /// Workers without a load socket are polled for their load (`GET /v1/loads`, else scheduler
+    /// gauges on `GET /metrics`) every this many ms (0: never; they are priced on in-flight).
+    /// Push is preferred when a worker has it.
+    #[arg(long, default_value_t = loadlink_router::poll::DEFAULT_POLL_INTERVAL_MS)]
+    load_poll_interval_ms: u64,
+    /// A load poll (connect, answer and body) not done within this many ms fails and is counted
+    /// (loadlink_worker_load_poll_timeouts_total).
+    #[arg(long, default_value_t = loadlink_router::poll::DEFAULT_POLL_TIMEOUT_MS)]
+    load_poll_timeout_ms: u64,
     /// `GET /server_info` discoveries in flight at once at start.
     #[arg(long, default_value_t = 32)]
     discovery_concurrency: usize,
@@ -171,6 +180,8 @@ pub fn run(a: RouteArgs) -> Result<()> {
         kv_index_max_blocks: a.kv_index_max_blocks.max(1),
         discovery_concurrency: a.discovery_concurrency.max(1),
         admin_token: a.admin_token,
+        load_poll_interval_ms: a.load_poll_interval_ms,
+        load_poll_timeout_ms: a.load_poll_timeout_ms.max(1),
         membership: MembershipConfig {
             urls_file: a.worker_urls_file,
             dns: a

@@ -12,7 +12,7 @@ use loadlink_wire::{
     Generation, KvEventsConfig, LoadStat, Payload, RangeRequest, resolve_load_range,
 };
 use serde_json::{Value, json};
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,15 @@ pub enum Kind {
     Stat,
     /// A KV-event stream `KVEventBatch` (`{"ts", "events": [{"type": …}], "attn_dp_rank"}`).
     KvBatch,
+}
+
+/// What `wire parse-loads` reads.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum PolledBody {
+    /// A `GET /v1/loads` JSON document.
+    Loads,
+    /// A `GET /metrics` page with SGLang's or vLLM's scheduler gauges.
+    Metrics,
 }
 
 #[derive(Subcommand)]
@@ -50,6 +59,13 @@ pub enum WireCommand {
         dp_size: u16,
         #[arg(long)]
         rank: u32,
+    },
+    /// Read a polled load body from stdin (a `/v1/loads` JSON document, or a `/metrics` page) as
+    /// the router's poller does, and print each rank's snapshot (core fields) as a JSON line, or
+    /// one {"error": …} line.
+    ParseLoads {
+        #[arg(long, value_enum, default_value = "loads")]
+        from: PolledBody,
     },
     /// Print every rank's slot of an SLNS slot file as JSON lines (null for an empty slot).
     ShmRead { path: PathBuf },
@@ -101,6 +117,13 @@ pub fn run(cmd: WireCommand) -> Result<()> {
             dp_size,
             rank,
         } => shm_write(&path, dp_size, rank)?,
+        WireCommand::ParseLoads { from } => {
+            let mut body = String::new();
+            std::io::stdin().lock().read_to_string(&mut body)?;
+            for line in parse_loads(from, &body) {
+                writeln!(out, "{line}")?;
+            }
+        }
         WireCommand::ShmRead { path } => {
             for slot in loadlink_publish::read_slots(&path)? {
                 let v = slot.map_or(Value::Null, |b| load_json(&b));
@@ -115,6 +138,21 @@ pub fn run(cmd: WireCommand) -> Result<()> {
         } => listen(&endpoint, kind, count, timeout, &mut out)?,
     }
     Ok(())
+}
+
+/// A polled body read by the router's parsers: one core dict per rank, or one error object.
+fn parse_loads(from: PolledBody, body: &str) -> Vec<Value> {
+    use loadlink_wire::loads::{Include, snapshot_dict};
+    use loadlink_wire::polled::{loads_from_json, loads_from_metrics};
+    let parsed = match from {
+        PolledBody::Loads => loads_from_json(body.as_bytes()),
+        PolledBody::Metrics => loads_from_metrics(body).map(|(_, s)| s),
+    };
+    let core = Include::parse(Some("core")).unwrap_or(Include::ALL);
+    match parsed {
+        Ok(snaps) => snaps.iter().map(|s| snapshot_dict(s, core)).collect(),
+        Err(e) => vec![json!({ "error": e.to_string() })],
+    }
 }
 
 /// Maps every non-empty stdin line to one output line.

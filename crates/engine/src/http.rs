@@ -11,6 +11,7 @@
 use crate::api::Route;
 use crate::cycle::PublishPoint;
 use crate::dispatch::Dispatcher;
+use crate::flavor::Flavor;
 use crate::model::ModelConfig;
 use crate::rank::{RankHandle, spawn};
 use crate::reply::error;
@@ -44,6 +45,9 @@ pub struct EngineConfig {
     pub model_name: String,
     /// Where in the scheduler cycle each rank publishes.
     pub publish_point: PublishPoint,
+    /// Whose HTTP surface to present (`--flavor`); the vLLM flavour publishes no load socket and
+    /// no KV events whatever the settings say.
+    pub flavor: Flavor,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +65,7 @@ impl Default for EngineConfig {
             max_body_bytes: 4 << 20,
             model_name: "loadlink-sim".into(),
             publish_point: PublishPoint::default(),
+            flavor: Flavor::default(),
         }
     }
 }
@@ -102,7 +107,11 @@ pub enum EngineError {
 
 impl Engine {
     /// Binds the HTTP port, starts one thread per rank and serves until [`Engine::stop`].
-    pub async fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+    pub async fn start(mut cfg: EngineConfig) -> Result<Engine, EngineError> {
+        if cfg.flavor == Flavor::Vllm {
+            cfg.kv_events_config = None;
+            cfg.load_publish_endpoint = Some("off".into());
+        }
         if cfg.dp_size == 0 || cfg.dp_size > 1024 {
             return Err(EngineError::DpSize(cfg.dp_size));
         }
@@ -251,6 +260,25 @@ fn log_endpoints(cfg: &EngineConfig, settings: &EngineSettings, local: SocketAdd
 }
 
 fn router(state: Arc<AppState>) -> Router {
+    let routes = generation_routes().route("/health", get(|| async { "ok" }));
+    let routes = match state.cfg.flavor {
+        Flavor::Sglang => sglang_routes(routes),
+        Flavor::Vllm => routes
+            .route("/v1/models", get(crate::flavor::vllm_models))
+            .route("/metrics", get(crate::flavor::vllm_metrics)),
+    };
+    routes
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such route; see /server_info and /v1/models",
+            )
+        })
+        .with_state(state)
+}
+
+/// The generation routes every flavour serves.
+fn generation_routes() -> Router<Arc<AppState>> {
     Router::new()
         .route(
             "/v1/completions",
@@ -268,8 +296,12 @@ fn router(state: Arc<AppState>) -> Router {
                 generate(s, h, b, Route::Generate)
             }),
         )
+}
+
+/// SGLang's read-only routes: discovery, loads, metrics, cache control.
+fn sglang_routes(routes: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
+    routes
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { "ok" }))
         .route("/health_generate", get(|| async { "ok" }))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
@@ -279,11 +311,4 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/cache_blocks", get(crate::routes::cache_blocks))
         .route("/v1/loads", get(loads))
         .route("/metrics", get(crate::metrics::metrics))
-        .fallback(|| async {
-            error(
-                StatusCode::NOT_FOUND,
-                "no such route; see /server_info and /v1/models",
-            )
-        })
-        .with_state(state)
 }

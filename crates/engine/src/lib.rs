@@ -6,6 +6,7 @@
 pub mod api;
 pub mod cycle;
 mod dispatch;
+pub mod flavor;
 pub mod http;
 mod metrics;
 pub mod model;
@@ -16,5 +17,6 @@ mod routes;
 pub use loadlink_wire::tokenize;
 
 pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
+pub use flavor::Flavor;
 pub use http::{Engine, EngineConfig, EngineError};
 pub use model::{ModelConfig, Timing};

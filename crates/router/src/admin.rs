@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering::Relaxed;
 pub fn worker_json(st: &AppState, w: &Worker) -> Value {
     let l = w.load(st.cfg.load_signal, st.cfg.freshness_ms);
     let (kv_events, no_kv_events_reason) = st.cache.worker_json(w);
+    let (load_source, load_source_reason) = w.source_status(&l, st.cfg.freshness_ms);
     json!({
         "url": w.url,
         "dp_size": w.ranks.len(),
@@ -32,6 +33,10 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "healthy": w.healthy.load(Relaxed),
         "breaker_open": w.breaker_open(),
         "no_load_reason": w.no_load_reason,
+        "load_source": load_source,
+        "load_source_configured": w.load_source.kind.as_str(),
+        "load_source_reason": load_source_reason,
+        "load_polls": poll_json(w),
         "kv_events": kv_events,
         "routed": routed_json(w),
         "no_kv_events_reason": no_kv_events_reason,
@@ -52,6 +57,20 @@ fn routed_json(w: &Worker) -> Value {
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "hit_rate": if prompt == 0 { Value::Null } else { json!(cached as f64 / prompt as f64) },
+    })
+}
+
+/// A polled worker's poll counters and last error (null for push and in-flight workers).
+fn poll_json(w: &Worker) -> Value {
+    let s = &w.load_source;
+    if !s.kind.polled() {
+        return Value::Null;
+    }
+    json!({
+        "polls": s.polls.load(Relaxed),
+        "failures": s.failures.load(Relaxed),
+        "timeouts": s.timeouts.load(Relaxed),
+        "last_error": s.last_error.load_full().as_deref(),
     })
 }
 

@@ -45,6 +45,10 @@ pub struct RouterConfig {
     /// Admission caps and the overload answer.
     pub admission: AdmissionConfig,
     pub admin_token: Option<String>,
+    /// Polling of workers without a load socket (`--load-poll-interval-ms`, 0: off;
+    /// `--load-poll-timeout-ms`).
+    pub load_poll_interval_ms: u64,
+    pub load_poll_timeout_ms: u64,
     /// Workers from a watched file and DNS, besides `worker_urls`.
     pub membership: MembershipConfig,
 }
@@ -76,6 +80,8 @@ impl Default for RouterConfig {
             prefix_source: PrefixSource::Auto,
             admission: AdmissionConfig::default(),
             admin_token: None,
+            load_poll_interval_ms: crate::poll::DEFAULT_POLL_INTERVAL_MS,
+            load_poll_timeout_ms: crate::poll::DEFAULT_POLL_TIMEOUT_MS,
             membership: MembershipConfig {
                 dns_interval_ms: 5000,
                 ..Default::default()
@@ -88,6 +94,14 @@ impl RouterConfig {
     /// The configured worker URLs, each checked and normalised (no trailing `/`).
     pub fn validated_worker_urls(&self) -> Result<Vec<String>, String> {
         self.worker_urls.iter().map(|u| validate_url(u)).collect()
+    }
+
+    /// How the fleet polls workers without a load socket (interval 0: not at all).
+    pub fn poll_config(&self) -> crate::poll::PollConfig {
+        crate::poll::PollConfig {
+            interval: std::time::Duration::from_millis(self.load_poll_interval_ms),
+            timeout: std::time::Duration::from_millis(self.load_poll_timeout_ms.max(1)),
+        }
     }
 
     /// The address to bind, `HOST:PORT`.

@@ -1,18 +1,19 @@
-//! The worker set: discovery from `/server_info` (the fetch here, its meaning in
-//! `loadlink_wire::discovery`), one subscription per worker (served by [`crate::ingest`]),
-//! add/remove at runtime. The request
+//! The worker set: each worker added from its discovery ([`crate::discovery`], re-exported here),
+//! with one subscription per worker (served by [`crate::ingest`]) or, for a worker without load
+//! sockets, one load poller ([`crate::poll`]); add/remove at runtime. The request
 //! path reads the set through an `ArcSwap` (no lock); changes build a new list and swap it in.
 //!
 //! The same discovery names each worker's KV-event streams; they are subscribed on the same
 //! ingest thread as its load sockets and feed the fleet's [`CacheBook`], which gives each
 //! (worker, rank) a slot at `add` and clears it at `remove`.
 
-use crate::book::{LoadSignal, Worker};
+use crate::book::{LoadSignal, LoadSourceKind, Worker};
 use crate::cache::CacheBook;
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, SubscriptionId};
 use crate::policy::View;
+use crate::poll::PollConfig;
 use crate::subscribe::configure;
 use crate::zctx::FleetContext;
 use arc_swap::ArcSwap;
@@ -21,11 +22,16 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::descriptor::LoadEndpoint;
-use loadlink_wire::discovery::{KvStreams, NoLoad, kv_streams, load_endpoints, worker_url};
+use loadlink_wire::discovery::KvStreams;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::task::AbortHandle;
+
+pub use crate::discovery::{
+    Discovery, FetchError, PROBE_TIMEOUT, discover, fetch_server_info, validate_url,
+};
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -40,130 +46,6 @@ pub fn http_client() -> HttpClient {
         .build(conn)
 }
 
-/// What discovery learned about a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Discovery {
-    pub endpoints: Vec<LoadEndpoint>,
-    /// Why the worker is priced on in-flight only (no range — with the engine's own reason when it
-    /// gives one —, no descriptor, or discovery failed).
-    pub no_load_reason: Option<String>,
-    /// Its KV-event streams, or why it has none (then its cache is not indexed).
-    pub kv: Result<KvStreams, String>,
-}
-
-impl Discovery {
-    /// A discovery that found nothing, for `reason`.
-    pub fn nothing(reason: String) -> Self {
-        Discovery {
-            endpoints: Vec::new(),
-            kv: Err(reason.clone()),
-            no_load_reason: Some(reason),
-        }
-    }
-
-    /// libzmq sockets its subscriptions may hold: one per load rank, and per KV rank a SUB and,
-    /// while a replay runs, a DEALER.
-    pub fn sockets(&self) -> usize {
-        self.endpoints.len() + self.kv.as_ref().map_or(0, |k| 2 * k.endpoints.len())
-    }
-
-    /// Its KV-event streams (ranks), 0 without.
-    pub fn kv_ranks(&self) -> usize {
-        self.kv.as_ref().map_or(0, |k| k.endpoints.len())
-    }
-}
-
-/// Why `GET /server_info` gave no body to interpret.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FetchError {
-    /// A 4xx or an unusable URL: asking again will not help.
-    #[error("{0}; not retried")]
-    Final(String),
-    #[error("discovery failed after {attempts} attempts: {last}")]
-    GaveUp { attempts: u32, last: String },
-}
-
-/// Fetches `url`'s `/server_info` body with up to `attempts` tries and exponential backoff;
-/// 4xx answers are not retried.
-pub async fn fetch_server_info(
-    client: &HttpClient,
-    url: &str,
-    attempts: u32,
-) -> Result<Bytes, FetchError> {
-    let mut delay = Duration::from_millis(100);
-    let mut last = String::new();
-    for attempt in 0..attempts.max(1) {
-        if attempt > 0 {
-            // ±50% jitter: workers that failed together do not retry together.
-            let h = (url.len() as u64 ^ attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ Instant::now().elapsed().subsec_nanos() as u64;
-            let ms = delay.as_millis() as u64;
-            tokio::time::sleep(Duration::from_millis(ms / 2 + (h >> 33) % ms.max(1))).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
-        }
-        match fetch_once(client, url).await {
-            Ok(body) => return Ok(body),
-            Err(Retry::No(why)) => return Err(FetchError::Final(why)),
-            Err(Retry::Yes(why)) => last = why,
-        }
-    }
-    Err(FetchError::GaveUp { attempts, last })
-}
-
-/// Whether a failed fetch is worth another try, and what went wrong.
-enum Retry {
-    Yes(String),
-    No(String),
-}
-
-async fn fetch_once(client: &HttpClient, url: &str) -> Result<Bytes, Retry> {
-    let req = hyper::Request::get(format!("{url}/server_info"))
-        .body(Full::default())
-        .map_err(|e| Retry::No(format!("bad worker URL: {e}")))?;
-    let resp = match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(Retry::Yes(format!("GET /server_info: {e}"))),
-        Err(_) => return Err(Retry::Yes("GET /server_info: timed out after 5 s".into())),
-    };
-    let status = resp.status();
-    let body = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .map_err(|e| Retry::Yes(format!("GET /server_info: reading the body: {e}")))?
-        .to_bytes();
-    if status.is_client_error() {
-        return Err(Retry::No(format!("GET /server_info answered {status}")));
-    }
-    if !status.is_success() {
-        return Err(Retry::Yes(format!("GET /server_info answered {status}")));
-    }
-    Ok(body)
-}
-
-/// Discovers `url`'s load sockets: fetches `/server_info` (bounded retries) and reads it with the
-/// protocol's one discovery function. A malformed body is not retried.
-pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
-    let body = match fetch_server_info(client, url, attempts).await {
-        Ok(b) => b,
-        Err(e) => return Discovery::nothing(e.to_string()),
-    };
-    let kv = kv_streams(url, &body).map_err(|e| e.to_string());
-    let (endpoints, no_load_reason) = match load_endpoints(url, &body) {
-        Ok(endpoints) => (endpoints, None),
-        Err(e @ NoLoad::Malformed(_)) => (Vec::new(), Some(format!("{e}; not retried"))),
-        Err(e) => (Vec::new(), Some(e.to_string())),
-    };
-    Discovery {
-        endpoints,
-        no_load_reason,
-        kv,
-    }
-}
-
-/// Checks a worker URL (see [`loadlink_wire::discovery::worker_url`]).
-pub fn validate_url(url: &str) -> Result<String, String> {
-    worker_url(url).map_err(|e| e.to_string())
-}
-
 /// The live worker set.
 pub struct Fleet {
     workers: ArcSwap<Vec<Arc<Worker>>>,
@@ -175,6 +57,10 @@ pub struct Fleet {
     ingest_threads: usize,
     epoch: Instant,
     cache: Arc<CacheBook>,
+    /// One load poller per polled worker, by URL ([`crate::poll`]).
+    pollers: Mutex<HashMap<String, AbortHandle>>,
+    polling: PollConfig,
+    poll_client: HttpClient,
 }
 
 impl Default for Fleet {
@@ -199,7 +85,42 @@ impl Fleet {
             reserved_sockets: AtomicUsize::new(0),
             ingest_threads: ingest_threads.max(1),
             epoch: Instant::now(),
+            pollers: Mutex::default(),
+            polling: PollConfig::default(),
+            poll_client: crate::poll::poll_client(),
         }
+    }
+
+    /// The same fleet polling HTTP load sources with `cfg`.
+    pub fn with_polling(mut self, cfg: PollConfig) -> Self {
+        self.polling = cfg;
+        self
+    }
+
+    /// Starts (or, with `None`, stops) the load poller of `url`, stopping the one it replaces.
+    fn set_poller(&self, url: &str, worker: Option<&Arc<Worker>>) {
+        let new = worker.and_then(|w| {
+            let handle = crate::poll::spawn(w.clone(), self.poll_client.clone(), self.polling);
+            if handle.is_none() {
+                let why = "not polled: the worker was added outside an async runtime";
+                w.load_source.failed(why.into(), false);
+            }
+            handle
+        });
+        let mut pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
+        let old = match new {
+            Some(h) => pollers.insert(url.to_string(), h),
+            None => pollers.remove(url),
+        };
+        if let Some(old) = old {
+            old.abort();
+        }
+    }
+
+    /// Stops every load poller (the router is stopping).
+    pub fn stop_polling(&self) {
+        let mut pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
+        pollers.drain().for_each(|(_, h)| h.abort());
     }
 
     /// Sizes the libzmq context for `sockets` rank subscriptions (twice that, plus room for
@@ -274,10 +195,17 @@ impl Fleet {
     }
 
     /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks (load,
-    /// and KV events when it has them). A worker whose load sockets cannot be opened is kept,
+    /// and KV events when it has them), or, without load sockets, polls its HTTP load source
+    /// (unless polling is off). A worker whose load sockets cannot be opened is kept,
     /// priced on in-flight, with the reason; one without KV streams is simply not indexed.
     pub fn add(&self, url: &str, d: Discovery) -> Arc<Worker> {
-        let (sockets, reason) = if d.endpoints.is_empty() {
+        let polled = d
+            .poll
+            .filter(|_| d.endpoints.is_empty() && !self.polling.interval.is_zero());
+        let (sockets, reason) = if let Some(p) = polled {
+            tracing::info!(worker = url, "no load socket: polling {}", p.kind.as_str());
+            (Vec::new(), None)
+        } else if d.endpoints.is_empty() {
             (Vec::new(), d.no_load_reason)
         } else {
             match self.open_sockets(&d.endpoints) {
@@ -288,12 +216,18 @@ impl Fleet {
         if let Some(r) = &reason {
             tracing::warn!(worker = url, "routing on in-flight only: {r}");
         }
-        let worker = Arc::new(Worker::new(
-            url.to_string(),
-            d.endpoints.len(),
-            reason,
-            self.epoch,
-        ));
+        let (ranks, kind) = match polled {
+            Some(p) => (p.ranks, p.kind),
+            None => (d.endpoints.len(), LoadSourceKind::Push),
+        };
+        let worker = Worker::new(url.to_string(), ranks, reason, self.epoch);
+        let worker = Arc::new(if ranks == 0 {
+            worker
+        } else {
+            worker.with_load_source(kind)
+        });
+        let polled = worker.load_source.kind.polled();
+        self.set_poller(url, polled.then_some(&worker));
         let kv = self.kv_subscription(&worker, d.kv);
         let sub = match self.ingest() {
             Ok((ingest, _)) if !sockets.is_empty() || kv.is_some() => {
@@ -368,11 +302,19 @@ impl Fleet {
             .unwrap_or_else(|p| p.into_inner())
             .remove(url);
         self.unsubscribe(sub);
+        self.set_poller(url, None);
         if let Some(o) = old_worker {
             self.cache.unregister(&o);
         }
         self.cache.forget(url);
         existed
+    }
+}
+
+impl Drop for Fleet {
+    /// Pollers hold their worker, not the fleet: they stop with it.
+    fn drop(&mut self) {
+        self.stop_polling();
     }
 }
 

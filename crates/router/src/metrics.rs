@@ -296,6 +296,7 @@ pub fn render(st: &AppState) -> String {
     st.metrics.write(&mut e);
     write_workers(&mut e, &loads);
     write_reasons(&mut e, &loads);
+    crate::poll::metrics::write(&mut e, &loads, st.cfg.freshness_ms);
     match st.fleet.ingest_stats() {
         Some(s) => s.write(&mut e),
         None => crate::ingest::stats::IngestStats::default().write(&mut e),

@@ -57,6 +57,7 @@ impl RouterHandle {
         }
         self.health.abort();
         self.membership.iter().for_each(|t| t.abort());
+        self.state.fleet.stop_polling();
         let st = self.state.clone();
         // Unsubscribing waits for the ingest thread to close the sockets: not on the executor.
         let _ = tokio::task::spawn_blocking(move || {

@@ -44,7 +44,8 @@ impl AppState {
         Ok(AppState {
             prefix,
             admission: Default::default(),
-            fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone()),
+            fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone())
+                .with_polling(cfg.poll_config()),
             cache,
             cfg,
             client: crate::fleet::http_client(),

@@ -14,7 +14,11 @@ async fn workers_shows_the_engines_own_decline_reason() {
         c.kv_events_config = Some(KvEvents::endpoint(format!("tcp://127.0.0.1:{kv_port}")).json());
     })
     .await;
-    let r = router(vec![engine.url()], LoadSignal::Engine, |_| {}).await;
+    // Polling off: the engine serves /v1/loads, which the router would otherwise poll.
+    let r = router(vec![engine.url()], LoadSignal::Engine, |c| {
+        c.load_poll_interval_ms = 0
+    })
+    .await;
     let c = reqwest::Client::new();
     let w = worker_json(&c, &r.url(), &engine.url()).await;
     assert_eq!(w["source"], "fallback");

@@ -212,6 +212,7 @@ pub fn bare_kv_fleet(
         endpoints: Vec::new(),
         no_load_reason: Some("a bare KV-event publisher".into()),
         kv: Ok(kv),
+        poll: None,
     };
     (book, fleet, d)
 }

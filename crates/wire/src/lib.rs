@@ -11,6 +11,8 @@
 //! * [`discovery`] — worker URL + `/server_info` body → load endpoints, or why there are none;
 //! * [`shm`] — the SLNS v2 slot-file layout;
 //! * [`loads`] — `/v1/loads` JSON and Prometheus rendering;
+//! * [`polled`] — `/v1/loads` JSON and `/metrics` pages read back into per-rank snapshots, for
+//!   engines a router polls;
 //! * [`prom`] — the one Prometheus text writer and its strict parser;
 //! * [`tokenize`], [`prompt`] — the simulated engine's tokenizer and chat template, and the
 //!   reading of a request's prompt, which a cache-aware router must share with the engine.
@@ -24,6 +26,7 @@ pub mod frame;
 pub mod kv_events;
 pub mod loads;
 mod msgpack;
+pub mod polled;
 pub mod ports;
 pub mod prom;
 pub mod prompt;

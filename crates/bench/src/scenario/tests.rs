@@ -188,6 +188,7 @@ fn min_ttft_prices_a_slow_engine_as_slow() {
             net_delay_s: 0.001,
             publish_every: 1,
             publish_point: s.publish_point,
+            delivery: s.delivery,
             direct: s.direct,
         };
         crate::sim::quantile(&crate::sim::simulate(&cfg, &arrivals, 480.0).ttft, 0.99)

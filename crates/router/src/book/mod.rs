@@ -18,8 +18,10 @@
 
 pub mod prefill_rate;
 mod pricing;
+pub mod source;
 
 pub use pricing::Pricing;
+pub use source::{LoadSourceKind, LoadSourceState};
 
 use loadlink_wire::{FrameError, LoadSnapshot};
 use prefill_rate::{PRIOR_US_PER_TOKEN, PrefillRate};
@@ -138,6 +140,8 @@ pub struct Worker {
     pub ranks: Vec<RankState>,
     /// Set when the worker advertises no load range (or discovery failed); static per worker.
     pub no_load_reason: FallbackReason,
+    /// Where its engine load comes from, and how the polls fare ([`source`]).
+    pub load_source: LoadSourceState,
     inflight: AtomicI64,
     dispatched: AtomicU64,
     /// Prompt tokens this router expected each dispatch to compute, summed.
@@ -185,6 +189,11 @@ impl Worker {
                     ..Default::default()
                 })
                 .collect(),
+            load_source: LoadSourceState::new(if dp_size > 0 {
+                LoadSourceKind::Push
+            } else {
+                LoadSourceKind::Inflight
+            }),
             no_load_reason,
             inflight: AtomicI64::new(0),
             dispatched: AtomicU64::new(0),

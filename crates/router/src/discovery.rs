@@ -1,0 +1,162 @@
+//! Worker discovery: `GET /server_info` with bounded retries (its meaning is in
+//! `loadlink_wire::discovery`), and the choice of each worker's load source. Push (the load
+//! sockets `/server_info` advertises) is preferred; a worker without them is probed for an HTTP
+//! load source ([`crate::poll::probe`]: `/v1/loads`, then `/metrics`); with neither it is priced on
+//! in-flight, and the reasons say why.
+
+use crate::fleet::HttpClient;
+use crate::poll::Polled;
+use axum::body::Bytes;
+use http_body_util::Full;
+use loadlink_wire::descriptor::LoadEndpoint;
+use loadlink_wire::discovery::{KvStreams, NoLoad, kv_streams, load_endpoints, worker_url};
+use std::time::{Duration, Instant};
+
+/// What discovery learned about a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    pub endpoints: Vec<LoadEndpoint>,
+    /// Why the worker is priced on in-flight only (no range — with the engine's own reason when it
+    /// gives one —, no descriptor, or discovery failed).
+    pub no_load_reason: Option<String>,
+    /// Its KV-event streams, or why it has none (then its cache is not indexed).
+    pub kv: Result<KvStreams, String>,
+    /// Without load sockets: the HTTP load source it serves (`/v1/loads` or `/metrics`), if any.
+    /// `no_load_reason` still says why there is no push; the fleet polls unless polling is off.
+    pub poll: Option<Polled>,
+}
+
+impl Discovery {
+    /// A discovery that found nothing, for `reason`.
+    pub fn nothing(reason: String) -> Self {
+        Discovery {
+            endpoints: Vec::new(),
+            kv: Err(reason.clone()),
+            no_load_reason: Some(reason),
+            poll: None,
+        }
+    }
+
+    /// libzmq sockets its subscriptions may hold: one per load rank, and per KV rank a SUB and,
+    /// while a replay runs, a DEALER.
+    pub fn sockets(&self) -> usize {
+        self.endpoints.len() + self.kv.as_ref().map_or(0, |k| 2 * k.endpoints.len())
+    }
+
+    /// Its KV-event streams (ranks), 0 without.
+    pub fn kv_ranks(&self) -> usize {
+        self.kv.as_ref().map_or(0, |k| k.endpoints.len())
+    }
+}
+
+/// Why `GET /server_info` gave no body to interpret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// A 4xx or an unusable URL: asking again will not help.
+    #[error("{0}; not retried")]
+    Final(String),
+    #[error("discovery failed after {attempts} attempts: {last}")]
+    GaveUp { attempts: u32, last: String },
+}
+
+/// Fetches `url`'s `/server_info` body with up to `attempts` tries and exponential backoff;
+/// 4xx answers are not retried.
+pub async fn fetch_server_info(
+    client: &HttpClient,
+    url: &str,
+    attempts: u32,
+) -> Result<Bytes, FetchError> {
+    let mut delay = Duration::from_millis(100);
+    let mut last = String::new();
+    for attempt in 0..attempts.max(1) {
+        if attempt > 0 {
+            // ±50% jitter: workers that failed together do not retry together.
+            let h = (url.len() as u64 ^ attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ Instant::now().elapsed().subsec_nanos() as u64;
+            let ms = delay.as_millis() as u64;
+            tokio::time::sleep(Duration::from_millis(ms / 2 + (h >> 33) % ms.max(1))).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+        match fetch_once(client, url).await {
+            Ok(body) => return Ok(body),
+            Err(Retry::No(why)) => return Err(FetchError::Final(why)),
+            Err(Retry::Yes(why)) => last = why,
+        }
+    }
+    Err(FetchError::GaveUp { attempts, last })
+}
+
+/// Whether a failed fetch is worth another try, and what went wrong.
+enum Retry {
+    Yes(String),
+    No(String),
+}
+
+async fn fetch_once(client: &HttpClient, url: &str) -> Result<Bytes, Retry> {
+    let req = hyper::Request::get(format!("{url}/server_info"))
+        .body(Full::default())
+        .map_err(|e| Retry::No(format!("bad worker URL: {e}")))?;
+    let resp = match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(Retry::Yes(format!("GET /server_info: {e}"))),
+        Err(_) => return Err(Retry::Yes("GET /server_info: timed out after 5 s".into())),
+    };
+    let status = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .map_err(|e| Retry::Yes(format!("GET /server_info: reading the body: {e}")))?
+        .to_bytes();
+    if status.is_client_error() {
+        return Err(Retry::No(format!("GET /server_info answered {status}")));
+    }
+    if !status.is_success() {
+        return Err(Retry::Yes(format!("GET /server_info answered {status}")));
+    }
+    Ok(body)
+}
+
+/// Bound on each request of a load-source probe at discovery.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Discovers `url`'s load source: fetches `/server_info` (bounded retries) and reads it with the
+/// protocol's one discovery function (a malformed body is not retried). Push (load sockets) is
+/// preferred; without them the worker is probed for `/v1/loads`, then `/metrics`
+/// ([`crate::poll::probe`]); with neither it is priced on in-flight, with every reason.
+pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
+    let mut d = discover_push(client, url, attempts).await;
+    if d.endpoints.is_empty() {
+        match crate::poll::probe(client, url, PROBE_TIMEOUT).await {
+            Ok(p) => d.poll = Some(p),
+            Err(why) => {
+                let push = d.no_load_reason.take().unwrap_or_default();
+                d.no_load_reason = Some(format!("{push}; no HTTP load source: {why}"));
+            }
+        }
+    }
+    d
+}
+
+/// The load sockets `/server_info` advertises, or why none.
+async fn discover_push(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
+    let body = match fetch_server_info(client, url, attempts).await {
+        Ok(b) => b,
+        Err(e) => return Discovery::nothing(e.to_string()),
+    };
+    let kv = kv_streams(url, &body).map_err(|e| e.to_string());
+    let (endpoints, no_load_reason) = match load_endpoints(url, &body) {
+        Ok(endpoints) => (endpoints, None),
+        Err(e @ NoLoad::Malformed(_)) => (Vec::new(), Some(format!("{e}; not retried"))),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Discovery {
+        endpoints,
+        no_load_reason,
+        kv,
+        poll: None,
+    }
+}
+
+/// Checks a worker URL (see [`loadlink_wire::discovery::worker_url`]).
+pub fn validate_url(url: &str) -> Result<String, String> {
+    worker_url(url).map_err(|e| e.to_string())
+}
