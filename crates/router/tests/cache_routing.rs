@@ -15,9 +15,12 @@ fn prompt(tag: &str, tokens: usize) -> String {
     unit.repeat(tokens * 4 / unit.len() + 1)
 }
 
-async fn min_ttft_router(urls: Vec<String>) -> RouterHandle {
+async fn min_ttft_router(urls: Vec<String>, poll: bool) -> RouterHandle {
     router(urls, LoadSignal::Backlog, |c| {
         c.policy = Policy::MinTtft(MinTtft::default());
+        if !poll {
+            c.load_poll_interval_ms = 0;
+        }
     })
     .await
 }
@@ -37,7 +40,7 @@ async fn kv_blocks(c: &reqwest::Client, r: &RouterHandle, worker: &str) -> u64 {
 async fn a_cached_prefix_attracts_its_request_until_the_holder_is_backed_up() {
     let (a, _) = loadlink_testkit::publishing_engine(|_| {}).await;
     let (b, _) = loadlink_testkit::publishing_engine(|_| {}).await;
-    let r = min_ttft_router(vec![a.url(), b.url()]).await;
+    let r = min_ttft_router(vec![a.url(), b.url()], true).await;
     let c = reqwest::Client::new();
     wait_for("both KV streams are subscribed", 20, || async {
         let w = worker_json(&c, &r.url(), &a.url()).await;
@@ -100,7 +103,10 @@ async fn a_cached_prefix_attracts_its_request_until_the_holder_is_backed_up() {
 async fn workers_without_kv_events_are_priced_from_what_the_router_sent() {
     let a = loadlink_testkit::engine(|_| {}).await;
     let b = loadlink_testkit::engine(|_| {}).await;
-    let r = min_ttft_router(vec![a.url(), b.url()]).await;
+    // Neither load nor KV events: priced on this router's in-flight count and its tree. (With
+    // polled load, a single client's sequential turns race the poll: the snapshot taken while
+    // turn 0 ran still shows its backlog when turn 1 is priced.)
+    let r = min_ttft_router(vec![a.url(), b.url()], false).await;
     let c = reqwest::Client::new();
     let w = worker_json(&c, &r.url(), &a.url()).await;
     assert!(

@@ -146,6 +146,9 @@ pub struct Worker {
     dispatched: AtomicU64,
     /// Prompt tokens this router expected each dispatch to compute, summed.
     dispatched_tokens: AtomicU64,
+    /// Uncached tokens of this router's open requests here: a bound on what of its dispatches can
+    /// still be queued (a request that finished is not waiting for prefill).
+    inflight_tokens: AtomicU64,
     pub requests_total: AtomicU64,
     /// Prompt tokens of the requests this router sent here after a cache lookup, and how many of
     /// them it believed cached here (their ratio is the hit rate the router routed for).
@@ -198,6 +201,7 @@ impl Worker {
             inflight: AtomicI64::new(0),
             dispatched: AtomicU64::new(0),
             dispatched_tokens: AtomicU64::new(0),
+            inflight_tokens: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
             routed_prompt_tokens: AtomicU64::new(0),
             routed_cached_tokens: AtomicU64::new(0),
@@ -449,6 +453,8 @@ pub enum SeqEvent {
 #[derive(Debug)]
 pub struct InflightGuard {
     worker: Arc<Worker>,
+    /// The uncached tokens it was dispatched with.
+    tokens: u64,
 }
 
 impl InflightGuard {
@@ -463,10 +469,14 @@ impl InflightGuard {
     /// since the last snapshot in tokens.
     pub fn with_tokens(worker: Arc<Worker>, uncached_tokens: u64) -> Self {
         worker.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
+        worker.inflight_tokens.fetch_add(uncached_tokens, Relaxed);
         worker.inflight.fetch_add(1, Relaxed);
         worker.dispatched.fetch_add(1, Relaxed);
         worker.requests_total.fetch_add(1, Relaxed);
-        InflightGuard { worker }
+        InflightGuard {
+            worker,
+            tokens: uncached_tokens,
+        }
     }
 
     pub fn worker(&self) -> &Arc<Worker> {
@@ -477,6 +487,7 @@ impl InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.worker.inflight.fetch_sub(1, Relaxed);
+        self.worker.inflight_tokens.fetch_sub(self.tokens, Relaxed);
     }
 }
 

@@ -32,10 +32,14 @@ impl Worker {
             && now.saturating_sub(oldest_rx) <= freshness_ms
             && signal != LoadSignal::Inflight;
         let queued_tokens = fresh.then(|| {
+            // What this router dispatched since the snapshot, but never more than its requests
+            // still open here: one that finished is not queued (with polled load, or a quiet
+            // engine, a snapshot can be older than a whole short request).
             let since = self
                 .dispatched_tokens
                 .load(Relaxed)
-                .saturating_sub(self.agg_tokens_mark.load(Relaxed));
+                .saturating_sub(self.agg_tokens_mark.load(Relaxed))
+                .min(self.inflight_tokens.load(Relaxed));
             self.agg_backlog.load(Relaxed).max(0) as u64 + since
         });
         Pricing {
