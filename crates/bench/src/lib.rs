@@ -10,6 +10,7 @@
 pub mod demo;
 pub mod fleet;
 pub mod live;
+pub mod overload;
 pub mod plot;
 pub mod report;
 pub mod scenario;

@@ -166,9 +166,13 @@ pub struct SimArgs {
     duration: Option<f64>,
     /// Which comparison: `load` (load-only policies × signals) or `cache` (round robin, backlog
     /// P2C, cache_aware on in-flight and on engine load, min_ttft on the approximate tree and on
-    /// the KV index, and the clairvoyant bound).
-    #[arg(long, default_value = "load", value_parser = ["load", "cache"])]
+    /// the KV index, and the clairvoyant bound), or `overload` (admission control: backlog P2C and
+    /// min_ttft without it, min_ttft with a predicted-wait cap in reject and queue mode; run it
+    /// with --load above 1).
+    #[arg(long, default_value = "load", value_parser = ["load", "cache", "overload"])]
     variants: String,
+    #[command(flatten)]
+    overload: crate::bench_overload::OverloadArgs,
 }
 
 /// Output files name the publish point when it is not the default, so runs do not overwrite each
@@ -212,6 +216,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
     calibration(&s, seed, load);
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);
+    }
+    if a.variants == "overload" {
+        return crate::bench_overload::run(&a.overload, &s, seed, load, out);
     }
     let rows: Vec<Row> = VARIANTS
         .iter()

@@ -189,6 +189,7 @@ fn min_ttft_prices_a_slow_engine_as_slow() {
             publish_every: 1,
             publish_point: s.publish_point,
             direct: s.direct,
+            admission: None,
         };
         crate::sim::quantile(&crate::sim::simulate(&cfg, &arrivals, 480.0).ttft, 0.99)
     };
