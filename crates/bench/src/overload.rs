@@ -240,5 +240,12 @@ mod tests {
             assert!(p99(r) < 1.0, "{}: p99 {}", r.label, p99(r));
             assert!(r.goodput_rps > open.goodput_rps, "{}", r.label);
         }
+        // Some requests refused on arrival were admitted from the queue when room came.
+        assert!(
+            queue.outcome.rejected < reject.outcome.rejected,
+            "queue {} vs reject {}",
+            queue.outcome.rejected,
+            reject.outcome.rejected
+        );
     }
 }
