@@ -11,6 +11,7 @@ pub mod demo;
 pub mod demo_traffic;
 pub mod fleet;
 pub mod live;
+pub mod overload;
 pub mod plot;
 pub mod report;
 pub mod scenario;

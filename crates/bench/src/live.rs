@@ -273,6 +273,7 @@ async fn run_variant(
             _ => fallback,
         },
         cache_tokens: None,
+        rejected: 0,
     };
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;

@@ -19,6 +19,7 @@ use crate::workload::{
 };
 use loadlink_engine::PublishPoint;
 use loadlink_engine::model::ModelConfig;
+use loadlink_router::admission::AdmissionConfig;
 use loadlink_router::policy::{CacheAware, MinTtft};
 use loadlink_router::{LoadSignal, Policy};
 
@@ -270,7 +271,7 @@ const CACHE_AWARE: Policy = Policy::CacheAware(CacheAware {
 });
 
 /// `min_ttft` with its defaults (see [`MinTtft`]).
-const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
+pub const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
     per_request_tokens: loadlink_router::book::REQUEST_TOKENS_WEIGHT as f64,
     kv_pressure_s: 0.5,
     kv_pressure_from: 0.9,
@@ -339,6 +340,16 @@ pub fn run_variant(s: &Scenario, seed: u64, load: f64, v: &Variant) -> Outcome {
 
 /// Runs `v` on the scenario's fleet with given arrivals (generate them once for many variants).
 pub fn run_arrivals(s: &Scenario, arrivals: &[Arrival], v: &Variant) -> (Outcome, QueueStats) {
+    run_admitted(s, arrivals, v, None)
+}
+
+/// [`run_arrivals`] with the routers' admission control (`None`: none).
+pub fn run_admitted(
+    s: &Scenario,
+    arrivals: &[Arrival],
+    v: &Variant,
+    admission: Option<AdmissionConfig>,
+) -> (Outcome, QueueStats) {
     let cfg = SimConfig {
         engines: vec![s.model; s.engines],
         routers: s.routers,
@@ -351,6 +362,7 @@ pub fn run_arrivals(s: &Scenario, arrivals: &[Arrival], v: &Variant) -> (Outcome
         publish_point: s.publish_point,
         direct: s.direct,
         delivery: s.delivery,
+        admission,
     };
     simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
 }

@@ -16,27 +16,32 @@
 //! * the [`clairvoyant`] router instead forks every engine's scheduler and sends each request where
 //!   its first token comes soonest.
 
+pub mod admission;
 mod cache;
 mod clairvoyant;
 mod delivery;
 mod engine;
+mod events;
 mod outcome;
+mod queues;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, quantile};
 
 use crate::workload::Arrival;
+use admission::{AdmissionQueue, QUEUE_POLL_S, Refused};
 use cache::RouterCache;
 use engine::SimEngine;
+use events::{Ev, Item};
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
+use loadlink_router::admission::AdmissionConfig;
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
-use loadlink_wire::LoadSnapshot;
-use loadlink_wire::kv_events::{KvEvent, page_hashes};
-use std::cmp::Ordering;
+use loadlink_wire::kv_events::page_hashes;
+use queues::QueueSamples;
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -79,54 +84,9 @@ pub struct SimConfig {
     pub direct: DirectTarget,
     /// Pushed or polled snapshots ([`LoadDelivery`]).
     pub delivery: LoadDelivery,
-}
-
-#[derive(Debug)]
-enum Ev {
-    Arrive(usize),
-    StepDone(usize),
-    Deliver {
-        router: usize,
-        engine: usize,
-        seq: i64,
-        snap: Box<LoadSnapshot>,
-    },
-    Kv {
-        router: usize,
-        engine: usize,
-        events: Rc<Vec<KvEvent>>,
-    },
-    Heartbeat(usize),
-    Sample,
-    /// Replica `router` polls engine `engine` (under [`LoadDelivery::Poll`]).
-    Poll {
-        router: usize,
-        engine: usize,
-    },
-}
-
-struct Item {
-    t: f64,
-    order: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Item {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Item {}
-impl PartialOrd for Item {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Item {
-    /// Reversed: `BinaryHeap` pops the earliest event (ties in insertion order).
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.t.total_cmp(&self.t).then(o.order.cmp(&self.order))
-    }
+    /// The routers' admission control (`loadlink route --max-… --admission …`); `None`: none, every
+    /// routed request is forwarded ([`admission`]).
+    pub admission: Option<AdmissionConfig>,
 }
 
 struct Req {
@@ -151,48 +111,13 @@ struct Sim<'a> {
     reqs: Vec<Req>,
     out: Outcome,
     queues: QueueSamples,
+    /// Per router replica: its admission FIFO.
+    admit: Vec<AdmissionQueue>,
+    /// Requests neither finished nor rejected.
+    remaining: usize,
     horizon: f64,
     /// What a poll reads, under [`LoadDelivery::Poll`].
     latest: delivery::Latest,
-}
-
-/// The 1 s samples of the engines' waiting queues.
-#[derive(Default)]
-struct QueueSamples {
-    cv: Vec<f64>,
-    hot: usize,
-    /// (engine, consecutive hot samples) of the current run.
-    run: Option<(usize, usize)>,
-    longest: usize,
-}
-
-impl QueueSamples {
-    fn sample(&mut self, waiting: &[f64]) {
-        let m = waiting.iter().sum::<f64>() / waiting.len().max(1) as f64;
-        let sd = (waiting.iter().map(|x| (x - m).powi(2)).sum::<f64>()
-            / waiting.len().max(1) as f64)
-            .sqrt();
-        self.cv.push(if m > 0.0 { sd / m } else { 0.0 });
-        let hot = (0..waiting.len()).find(|&e| waiting[e] >= HOT_QUEUE_MIN && waiting[e] > 2.0 * m);
-        self.run = match (hot, self.run) {
-            (Some(e), Some((r, n))) if e == r => Some((e, n + 1)),
-            (Some(e), _) => Some((e, 1)),
-            (None, _) => None,
-        };
-        if hot.is_some() {
-            self.hot += 1;
-        }
-        self.longest = self.longest.max(self.run.map_or(0, |r| r.1));
-    }
-
-    fn finish(&self, out: &mut Outcome) -> QueueStats {
-        let n = self.cv.len().max(1) as f64;
-        out.queue_cv = self.cv.iter().sum::<f64>() / n;
-        QueueStats {
-            hot_fraction: self.hot as f64 / n,
-            hot_longest_s: self.longest as f64,
-        }
-    }
 }
 
 fn ms(t: f64) -> u64 {
@@ -260,31 +185,13 @@ impl Sim<'_> {
         }
         self.push(1.0, Ev::Sample);
         self.start_polls();
-        let mut remaining = self.arrivals.len();
         while let Some(Item { t, ev, .. }) = self.heap.pop() {
             if t > self.horizon {
                 break;
             }
             match ev {
                 Ev::Arrive(i) => self.arrive(i, t),
-                Ev::StepDone(e) => {
-                    let (events, started) = self.engines[e].step_done(t);
-                    for ev in events {
-                        match ev {
-                            Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
-                            Event::Finished { id, .. } => {
-                                let r = &mut self.reqs[id as usize];
-                                r.done = Some(t);
-                                r.first.get_or_insert(t);
-                                r.guard = None;
-                                remaining -= 1;
-                                self.out.makespan = t;
-                            }
-                            Event::Token { .. } => {}
-                        }
-                    }
-                    self.advance(e, t, started);
-                }
+                Ev::StepDone(e) => self.step_done(e, t),
                 Ev::Deliver {
                     router,
                     engine,
@@ -301,11 +208,11 @@ impl Sim<'_> {
                 Ev::Heartbeat(e) => {
                     self.engines[e].heartbeat(t);
                     self.deliver_sent(e, t);
-                    if remaining > 0 {
+                    if self.remaining > 0 {
                         self.push(t + IDLE_PUBLISH_FLOOR.as_secs_f64(), Ev::Heartbeat(e));
                     }
                 }
-                Ev::Poll { router, engine } if remaining > 0 => self.poll(router, engine, t),
+                Ev::Poll { router, engine } if self.remaining > 0 => self.poll(router, engine, t),
                 Ev::Poll { .. } => {}
                 Ev::Sample => {
                     let w: Vec<f64> = self
@@ -314,23 +221,85 @@ impl Sim<'_> {
                         .map(|e| e.num_waiting() as f64)
                         .collect();
                     self.queues.sample(&w);
-                    if remaining > 0 {
+                    if self.remaining > 0 {
                         self.push(t + 1.0, Ev::Sample);
                     }
                 }
+                Ev::AdmitPoll(r) => self.poll_admission(r, t),
             }
-            if remaining == 0 {
-                break; // every request has finished; only heartbeats and deliveries remain
+            if self.remaining == 0 {
+                break; // every request has finished or was rejected; only heartbeats remain
             }
+        }
+    }
+
+    /// Engine `e`'s step ended at `t`: its requests' first tokens and completions.
+    fn step_done(&mut self, e: usize, t: f64) {
+        let (events, started) = self.engines[e].step_done(t);
+        for ev in events {
+            match ev {
+                Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
+                Event::Finished { id, .. } => {
+                    let r = &mut self.reqs[id as usize];
+                    r.done = Some(t);
+                    r.first.get_or_insert(t);
+                    r.guard = None;
+                    self.remaining -= 1;
+                    self.out.makespan = t;
+                }
+                Event::Token { .. } => {}
+            }
+        }
+        self.advance(e, t, started);
+    }
+
+    /// Request `i` will never be sent (refused by admission).
+    fn reject(&mut self) {
+        self.out.rejected += 1;
+        self.remaining -= 1;
+    }
+
+    /// The head of replica `r`'s admission queue, re-priced at `t`: dispatched while it passes the
+    /// gate; entries past their deadline rejected; polled again later while any are left.
+    fn poll_admission(&mut self, r: usize, t: f64) {
+        self.admit[r].poll_pending = false;
+        loop {
+            for _ in 0..self.admit[r].expire(t) {
+                self.reject();
+            }
+            let Some(i) = self.admit[r].head() else {
+                return;
+            };
+            let submit = self.submit_of(i);
+            match self.route(i, &submit, t, false) {
+                Some(engine) => {
+                    self.admit[r].pop();
+                    self.start(i, engine, submit, t);
+                }
+                None => break,
+            }
+        }
+        self.schedule_poll(r, t);
+    }
+
+    fn schedule_poll(&mut self, r: usize, t: f64) {
+        if !self.admit[r].is_empty() && !self.admit[r].poll_pending {
+            self.admit[r].poll_pending = true;
+            self.push(t + QUEUE_POLL_S, Ev::AdmitPoll(r));
+        }
+    }
+
+    fn submit_of(&self, i: usize) -> Submit {
+        let a = &self.arrivals[i];
+        match &a.prompt {
+            Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
+            None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
         }
     }
 
     fn arrive(&mut self, i: usize, t: f64) {
         let a = &self.arrivals[i];
-        let submit = match &a.prompt {
-            Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
-            None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
-        };
+        let submit = self.submit_of(i);
         let n = self.engines.len();
         let engine = if a.direct {
             match self.cfg.direct {
@@ -338,12 +307,16 @@ impl Sim<'_> {
                 DirectTarget::Uniform => (mix(i as u64 ^ 0xd1ec7) % n as u64) as usize,
             }
         } else {
-            let Some(pick) = self.route(i, &submit, t) else {
-                return;
-            };
-            pick
+            match self.route(i, &submit, t, true) {
+                Some(pick) => pick,
+                None => return,
+            }
         };
-        self.reqs[i].arrived = t;
+        self.start(i, engine, submit, t);
+    }
+
+    /// Request `i` goes to `engine` at `t` (its TTFT still counts from its arrival).
+    fn start(&mut self, i: usize, engine: usize, submit: Submit, t: f64) {
         self.reqs[i].engine = engine;
         self.out.submitted += 1;
         let started = self.engines[engine].arrive(submit, t);
@@ -351,8 +324,9 @@ impl Sim<'_> {
     }
 
     /// The routed request `i`'s engine, picked by its router replica (or the clairvoyant); holds
-    /// the in-flight guard and records the dispatch in the replica's approximate tree.
-    fn route(&mut self, i: usize, submit: &Submit, t: f64) -> Option<usize> {
+    /// the in-flight guard and records the dispatch in the replica's approximate tree. `None`: not
+    /// sent now (refused by admission: rejected, or queued when it is a new `arrival`).
+    fn route(&mut self, i: usize, submit: &Submit, t: f64, arrival: bool) -> Option<usize> {
         let policy = match self.cfg.router {
             SimRouter::Clairvoyant => {
                 self.out.decisions += 1;
@@ -384,7 +358,26 @@ impl Sim<'_> {
             .with_prefix(submit.prompt_tokens, &cached)
             .with_cache_sizes(&sizes);
         view.now_ms = ms(t);
-        let pick = policy.pick(&view, i as u64);
+        let cfg = self.cfg;
+        let open = cfg
+            .admission
+            .as_ref()
+            .is_none_or(|a| admission::open(&view, a));
+        let pick = match (&cfg.admission, open) {
+            (None, _) => policy.pick(&view, i as u64),
+            (Some(adm), true) => admission::pick(&policy, &view, adm, i as u64),
+            (Some(_), false) => None,
+        };
+        if let (Some(adm), false) = (&cfg.admission, open) {
+            (self.cached, self.sizes) = (cached, sizes);
+            if arrival {
+                match self.admit[r].refuse(adm, i, t) {
+                    Refused::Rejected => self.reject(),
+                    Refused::Queued => self.schedule_poll(r, t),
+                }
+            }
+            return None;
+        }
         if let Some(pick) = pick {
             let w = self.books[r][pick].clone();
             self.out.decisions += 1;
@@ -455,6 +448,10 @@ pub fn simulate_with_queues(
             .collect(),
         out: Outcome::default(),
         queues: QueueSamples::default(),
+        admit: (0..cfg.routers.max(1))
+            .map(|_| AdmissionQueue::default())
+            .collect(),
+        remaining: arrivals.len(),
         horizon: horizon_s,
         latest: delivery::Latest::new(cfg.engines.len()),
     };

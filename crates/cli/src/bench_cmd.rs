@@ -166,10 +166,14 @@ pub struct SimArgs {
     duration: Option<f64>,
     /// Which comparison: `load` (load-only policies × signals) or `cache` (round robin, backlog
     /// P2C, cache_aware on in-flight and on engine load, min_ttft on the approximate tree and on
-    /// the KV index, and the clairvoyant bound), or `sources` (backlog P2C with the engine load
-    /// pushed, polled every 100 ms and every 1 s, against in-flight P2C).
-    #[arg(long, default_value = "load", value_parser = ["load", "cache", "sources"])]
+    /// the KV index, and the clairvoyant bound), `sources` (backlog P2C with the engine load
+    /// pushed, polled every 100 ms and every 1 s, against in-flight P2C), or `overload` (admission
+    /// control: backlog P2C and min_ttft without it, min_ttft with a predicted-wait cap in reject
+    /// and queue mode; run it with --load above 1).
+    #[arg(long, default_value = "load", value_parser = ["load", "cache", "sources", "overload"])]
     variants: String,
+    #[command(flatten)]
+    overload: crate::bench_overload::OverloadArgs,
 }
 
 /// Output files name the publish point when it is not the default, so runs do not overwrite each
@@ -216,6 +220,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
     }
     if a.variants == "sources" {
         return source_comparison(&s, seed, load, out);
+    }
+    if a.variants == "overload" {
+        return crate::bench_overload::run(&a.overload, &s, seed, load, out);
     }
     let rows: Vec<Row> = VARIANTS
         .iter()

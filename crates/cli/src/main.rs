@@ -1,6 +1,7 @@
 //! The `loadlink` binary: flag parsing only; the work lives in the library crates.
 
 mod bench_cmd;
+mod bench_overload;
 mod demo_cmd;
 mod engine_cmd;
 mod logging;

@@ -190,6 +190,7 @@ fn min_ttft_prices_a_slow_engine_as_slow() {
             publish_point: s.publish_point,
             delivery: s.delivery,
             direct: s.direct,
+            admission: None,
         };
         crate::sim::quantile(&crate::sim::simulate(&cfg, &arrivals, 480.0).ttft, 0.99)
     };

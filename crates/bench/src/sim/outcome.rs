@@ -23,7 +23,10 @@ pub struct Outcome {
     pub ttft_floor: Vec<f64>,
     pub e2e: Vec<f64>,
     pub completed: usize,
+    /// Requests sent to an engine (routed requests refused by admission are not).
     pub submitted: usize,
+    /// Routed requests refused by admission control (never sent, never completed).
+    pub rejected: usize,
     /// Virtual seconds until the last completion.
     pub makespan: f64,
     /// Mean over 1 s samples of the coefficient of variation of waiting requests across engines.

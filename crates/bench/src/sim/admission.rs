@@ -1,0 +1,137 @@
+//! Admission control in virtual time: the router's own rule (`loadlink_router::admission`), so the
+//! overload evidence measures the code that runs in `loadlink route`, not a re-implementation.
+//!
+//! * **The gate** is production's: a request is admitted when some worker is within the caps of
+//!   the production [`Capped`] view (a cap on a figure the book does not know does not apply), and
+//!   the policy then picks over the capped view (over the whole view if it declines), as
+//!   `proxy::pick` does.
+//! * **Reject mode**: a request refused at the gate is counted as rejected; it is never sent and
+//!   never completes (a client would get 429 at once).
+//! * **Queue mode** (the model): each router replica has a FIFO of at most `size` requests.
+//!   A refused request joins it, or is rejected when it is full. Every [`QUEUE_POLL_S`] of virtual
+//!   time (production's poll period) the head is re-priced on the replica's current book and
+//!   cache; while the head passes the gate it is dispatched and the next becomes head. An entry
+//!   still queued `timeout_ms` after it arrived is rejected (deadlines are in FIFO order, so only
+//!   the head can be due). As in production, a new arrival that passes the gate is admitted at
+//!   once, ahead of the queue. Its TTFT counts from its arrival, queue time included.
+
+use loadlink_router::View;
+use loadlink_router::admission::{AdmissionConfig, Capped, Overload};
+use loadlink_router::policy::Policy;
+use std::collections::VecDeque;
+
+/// How often the head of a replica's queue is re-priced (production polls every 5 ms).
+pub const QUEUE_POLL_S: f64 = 0.005;
+
+/// Whether some worker of `view` is within the caps (always, without caps).
+pub fn open(view: &impl View, cfg: &AdmissionConfig) -> bool {
+    let c = Capped::new(view, cfg);
+    !cfg.capped() || (0..c.len()).any(|i| c.available(i))
+}
+
+/// The policy's pick over the capped view, or over the whole view when it picks nobody there.
+pub fn pick(
+    policy: &Policy,
+    view: &impl View,
+    cfg: &AdmissionConfig,
+    entropy: u64,
+) -> Option<usize> {
+    let capped = cfg.capped().then(|| Capped::new(view, cfg));
+    capped
+        .and_then(|c| policy.pick(&c, entropy))
+        .or_else(|| policy.pick(view, entropy))
+}
+
+/// What happens to a request the gate refused on arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Rejected (reject mode, or the queue is full).
+    Rejected,
+    /// Queued; the caller must make sure the replica's head is polled.
+    Queued,
+}
+
+/// One router replica's admission FIFO: (request index, virtual deadline).
+#[derive(Debug, Default)]
+pub struct AdmissionQueue {
+    entries: VecDeque<(usize, f64)>,
+    /// Whether a poll of this queue is scheduled.
+    pub poll_pending: bool,
+}
+
+impl AdmissionQueue {
+    /// A request refused at `t`: queued (queue mode, room left) or rejected.
+    pub fn refuse(&mut self, cfg: &AdmissionConfig, i: usize, t: f64) -> Refused {
+        match cfg.overload {
+            Overload::Queue { size, timeout_ms } if self.entries.len() < size => {
+                self.entries.push_back((i, t + timeout_ms as f64 / 1e3));
+                Refused::Queued
+            }
+            _ => Refused::Rejected,
+        }
+    }
+
+    /// Removes the entries whose deadline has passed at `t`; returns how many.
+    pub fn expire(&mut self, t: f64) -> usize {
+        let before = self.entries.len();
+        while self.entries.front().is_some_and(|&(_, d)| d <= t) {
+            self.entries.pop_front();
+        }
+        before - self.entries.len()
+    }
+
+    pub fn head(&self) -> Option<usize> {
+        self.entries.front().map(|e| e.0)
+    }
+
+    pub fn pop(&mut self) {
+        self.entries.pop_front();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue_cfg(size: usize, timeout_ms: u64) -> AdmissionConfig {
+        AdmissionConfig {
+            max_waiting: Some(1),
+            overload: Overload::Queue { size, timeout_ms },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_full_queue_rejects_and_deadlines_expire_in_order() {
+        let cfg = queue_cfg(2, 100);
+        let mut q = AdmissionQueue::default();
+        assert_eq!(q.refuse(&cfg, 7, 0.0), Refused::Queued);
+        assert_eq!(q.refuse(&cfg, 8, 0.05), Refused::Queued);
+        assert_eq!(q.refuse(&cfg, 9, 0.06), Refused::Rejected, "full");
+        assert_eq!(q.head(), Some(7));
+        assert_eq!(q.expire(0.099), 0);
+        assert_eq!(
+            q.expire(0.1),
+            1,
+            "the head's deadline is its arrival + 100 ms"
+        );
+        assert_eq!(q.head(), Some(8));
+        assert_eq!(q.expire(1.0), 1);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn reject_mode_never_queues() {
+        let cfg = AdmissionConfig {
+            max_waiting: Some(1),
+            ..Default::default()
+        };
+        let mut q = AdmissionQueue::default();
+        assert_eq!(q.refuse(&cfg, 1, 0.0), Refused::Rejected);
+        assert!(q.is_empty());
+    }
+}

@@ -1,0 +1,43 @@
+//! The 1 s samples of the engines' waiting queues: how unevenly they filled (coefficient of
+//! variation, and runs of one engine's queue above twice the fleet's mean).
+
+use super::outcome::{HOT_QUEUE_MIN, Outcome, QueueStats};
+
+/// The 1 s samples of the engines' waiting queues.
+#[derive(Default)]
+pub(super) struct QueueSamples {
+    cv: Vec<f64>,
+    hot: usize,
+    /// (engine, consecutive hot samples) of the current run.
+    run: Option<(usize, usize)>,
+    longest: usize,
+}
+
+impl QueueSamples {
+    pub(super) fn sample(&mut self, waiting: &[f64]) {
+        let m = waiting.iter().sum::<f64>() / waiting.len().max(1) as f64;
+        let sd = (waiting.iter().map(|x| (x - m).powi(2)).sum::<f64>()
+            / waiting.len().max(1) as f64)
+            .sqrt();
+        self.cv.push(if m > 0.0 { sd / m } else { 0.0 });
+        let hot = (0..waiting.len()).find(|&e| waiting[e] >= HOT_QUEUE_MIN && waiting[e] > 2.0 * m);
+        self.run = match (hot, self.run) {
+            (Some(e), Some((r, n))) if e == r => Some((e, n + 1)),
+            (Some(e), _) => Some((e, 1)),
+            (None, _) => None,
+        };
+        if hot.is_some() {
+            self.hot += 1;
+        }
+        self.longest = self.longest.max(self.run.map_or(0, |r| r.1));
+    }
+
+    pub(super) fn finish(&self, out: &mut Outcome) -> QueueStats {
+        let n = self.cv.len().max(1) as f64;
+        out.queue_cv = self.cv.iter().sum::<f64>() / n;
+        QueueStats {
+            hot_fraction: self.hot as f64 / n,
+            hot_longest_s: self.longest as f64,
+        }
+    }
+}
