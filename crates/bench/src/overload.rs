@@ -21,8 +21,8 @@ pub struct OverloadParams {
     pub ttft_budget_ms: u64,
     /// `--max-predicted-wait-ms` of the admission variants.
     pub max_predicted_wait_ms: u64,
-    /// `--max-waiting` of an extra reject variant, if given.
-    pub max_waiting: Option<i64>,
+    /// `--max-engine-requests` of an extra reject variant, if given.
+    pub max_engine_requests: Option<i64>,
     /// `--admission-queue-size` (per router replica).
     pub queue_size: usize,
     /// `--admission-queue-timeout-ms`.
@@ -34,7 +34,7 @@ impl Default for OverloadParams {
         OverloadParams {
             ttft_budget_ms: 1000,
             max_predicted_wait_ms: 500,
-            max_waiting: None,
+            max_engine_requests: None,
             queue_size: 32,
             queue_timeout_ms: 500,
         }
@@ -64,7 +64,7 @@ const MIN_TTFT_INDEX: Variant = Variant {
 };
 
 /// Backlog P2C and `min_ttft` without admission; `min_ttft` with a predicted-wait cap in reject
-/// and queue mode; with `max_waiting`, also a reject variant on that cap.
+/// and queue mode; with `max_engine_requests`, also a reject variant on that cap.
 pub fn variants(p: &OverloadParams) -> Vec<OverloadVariant> {
     let wait = AdmissionConfig {
         max_predicted_wait_ms: Some(p.max_predicted_wait_ms),
@@ -102,12 +102,12 @@ pub fn variants(p: &OverloadParams) -> Vec<OverloadVariant> {
             }),
         },
     ];
-    if let Some(n) = p.max_waiting {
+    if let Some(n) = p.max_engine_requests {
         v.push(OverloadVariant {
-            label: format!("min_ttft, reject, --max-waiting {n}"),
+            label: format!("min_ttft, reject, --max-engine-requests {n}"),
             router: MIN_TTFT_INDEX,
             admission: Some(AdmissionConfig {
-                max_waiting: Some(n),
+                max_engine_requests: Some(n),
                 ..Default::default()
             }),
         });

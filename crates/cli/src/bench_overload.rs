@@ -18,9 +18,9 @@ pub struct OverloadArgs {
     /// The admission variants' `--max-predicted-wait-ms`.
     #[arg(long, default_value_t = 500)]
     max_predicted_wait_ms: u64,
-    /// Also a reject variant with this `--max-waiting`.
+    /// Also a reject variant with this `--max-engine-requests`.
     #[arg(long)]
-    max_waiting: Option<i64>,
+    max_engine_requests: Option<i64>,
     /// The queue variant's `--admission-queue-size` (per router replica).
     #[arg(long, default_value_t = 32)]
     admission_queue_size: usize,
@@ -34,7 +34,7 @@ impl OverloadArgs {
         OverloadParams {
             ttft_budget_ms: self.ttft_budget_ms,
             max_predicted_wait_ms: self.max_predicted_wait_ms,
-            max_waiting: self.max_waiting,
+            max_engine_requests: self.max_engine_requests,
             queue_size: self.admission_queue_size,
             queue_timeout_ms: self.admission_queue_timeout_ms,
         }
@@ -55,7 +55,7 @@ pub fn run(a: &OverloadArgs, s: &Scenario, seed: u64, load: f64, out: &Path) -> 
         "scenario": s.name, "about": s.about, "seed": seed, "load": load,
         "duration_s": s.duration_s, "offered": arrivals.len(),
         "ttft_budget_ms": p.ttft_budget_ms, "max_predicted_wait_ms": p.max_predicted_wait_ms,
-        "max_waiting": p.max_waiting, "admission_queue_size": p.queue_size,
+        "max_engine_requests": p.max_engine_requests, "admission_queue_size": p.queue_size,
         "admission_queue_timeout_ms": p.queue_timeout_ms,
         "rows": overload::rows_json(&rows),
     });

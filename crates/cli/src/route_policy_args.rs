@@ -37,10 +37,11 @@ pub struct CacheArgs {
 
 #[derive(Args)]
 pub struct AdmissionArgs {
-    /// Admission cap: a worker whose engine reports more queued requests than this (plus what
-    /// this router sent since) takes no new request. Unknown loads do not count (fail open).
+    /// Admission cap: a worker whose engine holds more requests than this (its reported running +
+    /// waiting, plus what this router sent since the snapshot) takes no new request; set it above
+    /// the engine's batch size to cap its queue. Unknown loads do not count (fail open).
     #[arg(long)]
-    max_waiting: Option<i64>,
+    max_engine_requests: Option<i64>,
     /// Admission cap: a worker whose KV usage (0–1) is above this takes no new request.
     #[arg(long)]
     max_kv_usage: Option<f64>,
@@ -90,7 +91,7 @@ impl AdmissionArgs {
             );
         }
         cfg.admission = AdmissionConfig {
-            max_waiting: self.max_waiting,
+            max_engine_requests: self.max_engine_requests,
             max_kv_usage: self.max_kv_usage,
             max_predicted_wait_ms: self.max_predicted_wait_ms,
             overload: Overload::parse(

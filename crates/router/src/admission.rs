@@ -1,8 +1,8 @@
 //! Admission control: what the router does when no worker should take another request.
 //!
-//! * **Caps** (each optional, per worker): requests queued at the engine (`--max-waiting`, the
-//!   engine's running + waiting beyond its batch is not known, so this is the engine-reported
-//!   waiting plus what this router dispatched since), KV usage (`--max-kv-usage`) and predicted
+//! * **Caps** (each optional, per worker): requests the engine holds (`--max-engine-requests`:
+//!   its reported running + waiting, plus what this router dispatched since the snapshot; set it
+//!   above the batch size to cap the queue), KV usage (`--max-kv-usage`) and predicted
 //!   wait (`--max-predicted-wait-ms`, `min_ttft`'s prediction for this request). A worker over a cap
 //!   is not a candidate; a cap on a figure the router does not know (stale or no load stream) does
 //!   not apply: admission fails open, as SGLang's router does, rather than refusing a fleet it
@@ -50,7 +50,7 @@ impl Overload {
 /// The caps (all off by default: the router forwards everything, as before).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct AdmissionConfig {
-    pub max_waiting: Option<i64>,
+    pub max_engine_requests: Option<i64>,
     pub max_kv_usage: Option<f64>,
     pub max_predicted_wait_ms: Option<u64>,
     pub overload: Overload,
@@ -59,7 +59,7 @@ pub struct AdmissionConfig {
 impl AdmissionConfig {
     /// Whether any cap is set (no cap: no worker is ever hidden).
     pub fn capped(&self) -> bool {
-        self.max_waiting.is_some()
+        self.max_engine_requests.is_some()
             || self.max_kv_usage.is_some()
             || self.max_predicted_wait_ms.is_some()
     }
@@ -84,7 +84,7 @@ impl<'a, V: View> Capped<'a, V> {
     /// Whether worker `i` is within every cap whose figure is known.
     pub fn within(&self, i: usize) -> bool {
         let c = self.cfg;
-        let waiting_ok = match (c.max_waiting, self.inner.engine_requests(i)) {
+        let waiting_ok = match (c.max_engine_requests, self.inner.engine_requests(i)) {
             (Some(max), Some(queued)) => queued <= max,
             _ => true,
         };
@@ -331,7 +331,7 @@ mod tests {
             (None, 0.0, None),
         ]);
         let cfg = AdmissionConfig {
-            max_waiting: Some(10),
+            max_engine_requests: Some(10),
             max_kv_usage: Some(0.95),
             max_predicted_wait_ms: Some(2000),
             overload: Overload::Reject,

@@ -147,7 +147,7 @@ async fn a_budget_header_refuses_what_cannot_make_it_and_the_queue_is_bounded() 
     let r = capped_router(
         &e.url(),
         AdmissionConfig {
-            max_waiting: Some(1),
+            max_engine_requests: Some(1),
             overload: Overload::Queue {
                 size: 3,
                 timeout_ms: 300,

@@ -99,7 +99,7 @@ mod tests {
 
     fn queue_cfg(size: usize, timeout_ms: u64) -> AdmissionConfig {
         AdmissionConfig {
-            max_waiting: Some(1),
+            max_engine_requests: Some(1),
             overload: Overload::Queue { size, timeout_ms },
             ..Default::default()
         }
@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn reject_mode_never_queues() {
         let cfg = AdmissionConfig {
-            max_waiting: Some(1),
+            max_engine_requests: Some(1),
             ..Default::default()
         };
         let mut q = AdmissionQueue::default();

@@ -142,7 +142,10 @@ impl CacheBook {
         let has_stream = self.stream_blocks(workers, &mut l.sizes);
         self.cached_tokens(workers, &l.prompt.chain, page, &mut l.cached);
         for (i, s) in l.sizes.iter_mut().enumerate() {
-            *s *= page;
+            // The index learns a prompt's blocks only after its prefill; what this router has
+            // open there will be cached too. Without it, a burst leaves its target looking the
+            // emptiest cache, and `cache_aware`'s smallest-cache choice keeps picking it.
+            *s = *s * page + workers[i].inflight_tokens();
             l.approx[i] = match settings.source {
                 PrefixSource::Auto => !has_stream[i],
                 PrefixSource::KvEvents => false,
@@ -227,6 +230,16 @@ mod tests {
             .lookup(&kv_only, "/v1/completions", &body(&text), &ws, 3)
             .unwrap();
         assert_eq!(blind.cached, [0, 0], "no stream, no KV knowledge");
+        let open = crate::book::InflightGuard::with_tokens(ws[0].clone(), 500);
+        let sized = book
+            .lookup(&kv_only, "/v1/completions", &body(&text), &ws, 3)
+            .unwrap();
+        assert_eq!(
+            sized.sizes,
+            [500, 0],
+            "what is being prefilled counts as cached soon"
+        );
+        drop(open);
         book.unregister(&ws[1]);
         let forgot = book
             .lookup(
