@@ -40,6 +40,7 @@ impl AppState {
             tokenizer: RouterTokenizer::load(cfg.tokenizer.as_deref())?,
             page_size: cfg.page_size.max(1),
             source: cfg.prefix_source,
+            sizes_from_sent: matches!(cfg.policy, crate::policy::Policy::CacheAware(_)),
         };
         Ok(AppState {
             prefix,

@@ -240,12 +240,6 @@ impl Worker {
         self.dropped[why.index()].fetch_add(1, Relaxed);
     }
 
-    /// Uncached tokens of this router's requests open here (they will be in the cache once
-    /// prefilled).
-    pub fn inflight_tokens(&self) -> u64 {
-        self.inflight_tokens.load(Relaxed)
-    }
-
     pub fn inflight(&self) -> i64 {
         self.inflight.load(Relaxed)
     }

@@ -60,6 +60,11 @@ pub struct PrefixSettings {
     /// Tokens per page of the chain (the engines' `--page-size`; their KV events say theirs).
     pub page_size: usize,
     pub source: PrefixSource,
+    /// Cache sizes are what this router sent each worker (the tree's size, SGLang's meaning),
+    /// whatever prices the prefixes; set for `cache_aware`, whose third rule reads sizes. An index
+    /// fed by the engines would invert that rule under load: a busy engine's running requests hold
+    /// KV that reaches its cache only when they finish, so it looks the emptiest and keeps winning.
+    pub sizes_from_sent: bool,
 }
 
 /// One request's cached prefix on every worker (same order as the worker list).
@@ -72,6 +77,8 @@ pub struct Lookup {
     pub sizes: Vec<u64>,
     /// Whether each worker was priced from the approximate tree (and so records dispatches).
     approx: Vec<bool>,
+    /// Sizes come from the tree for every worker (so every dispatch is recorded).
+    sent_sizes: bool,
 }
 
 /// The approximate tree and which slot each worker has in it.
@@ -137,22 +144,21 @@ impl CacheBook {
             cached: Vec::with_capacity(workers.len()),
             sizes: vec![0; workers.len()],
             approx: vec![false; workers.len()],
+            sent_sizes: false,
             prompt,
         };
         let has_stream = self.stream_blocks(workers, &mut l.sizes);
         self.cached_tokens(workers, &l.prompt.chain, page, &mut l.cached);
+        l.sent_sizes = settings.sizes_from_sent;
         for (i, s) in l.sizes.iter_mut().enumerate() {
-            // The index learns a prompt's blocks only after its prefill; what this router has
-            // open there will be cached too. Without it, a burst leaves its target looking the
-            // emptiest cache, and `cache_aware`'s smallest-cache choice keeps picking it.
-            *s = *s * page + workers[i].inflight_tokens();
+            *s *= page;
             l.approx[i] = match settings.source {
                 PrefixSource::Auto => !has_stream[i],
                 PrefixSource::KvEvents => false,
                 PrefixSource::Approx => true,
             };
         }
-        if l.approx.iter().any(|&a| a) {
+        if l.sent_sizes || l.approx.iter().any(|&a| a) {
             self.approx_into(&mut l, workers, page, now_ms);
         }
         Some(l)
@@ -164,11 +170,16 @@ impl CacheBook {
         a.tree.expire(now_ms);
         let mut matches = std::mem::take(&mut a.matches);
         a.tree.match_into(&l.prompt.chain, &mut matches);
-        for (i, w) in workers.iter().enumerate().filter(|(i, _)| l.approx[*i]) {
+        for (i, w) in workers.iter().enumerate() {
             let slot = a.slots.get(&key(w)).copied();
-            let held = slot.and_then(|s| matches.iter().find(|(m, _)| *m == s).map(|(_, b)| *b));
-            l.cached[i] = u64::from(held.unwrap_or(0)) * page;
-            l.sizes[i] = slot.map_or(0, |s| a.tree.slot_stats(s).blocks) * page;
+            if l.sent_sizes || l.approx[i] {
+                l.sizes[i] = slot.map_or(0, |s| a.tree.slot_stats(s).blocks) * page;
+            }
+            if l.approx[i] {
+                let held =
+                    slot.and_then(|s| matches.iter().find(|(m, _)| *m == s).map(|(_, b)| *b));
+                l.cached[i] = u64::from(held.unwrap_or(0)) * page;
+            }
         }
         a.matches = matches;
     }
@@ -176,7 +187,8 @@ impl CacheBook {
     /// The request of `l` went to `workers[i]` at `now_ms`: the approximate tree remembers it when
     /// that worker is priced from the tree.
     pub fn record_dispatch(&self, l: &Lookup, workers: &[Arc<Worker>], i: usize, now_ms: u64) {
-        if !l.approx.get(i).copied().unwrap_or(false) || l.prompt.chain.is_empty() {
+        let tree_priced = l.approx.get(i).copied().unwrap_or(false);
+        if !(tree_priced || l.sent_sizes) || l.prompt.chain.is_empty() {
             return;
         }
         let mut a = self.approx_lock();
@@ -230,16 +242,27 @@ mod tests {
             .lookup(&kv_only, "/v1/completions", &body(&text), &ws, 3)
             .unwrap();
         assert_eq!(blind.cached, [0, 0], "no stream, no KV knowledge");
-        let open = crate::book::InflightGuard::with_tokens(ws[0].clone(), 500);
-        let sized = book
-            .lookup(&kv_only, "/v1/completions", &body(&text), &ws, 3)
+        let sent = PrefixSettings {
+            sizes_from_sent: true,
+            ..kv_only
+        };
+        let l = book
+            .lookup(&sent, "/v1/completions", &body(&text), &ws, 3)
             .unwrap();
         assert_eq!(
-            sized.sizes,
-            [500, 0],
-            "what is being prefilled counts as cached soon"
+            (l.cached.as_slice(), l.sizes.as_slice()),
+            (&[0, 0][..], &[0, 36][..])
         );
-        drop(open);
+        book.record_dispatch(&l, &ws, 0, 3);
+        let l = book
+            .lookup(&sent, "/v1/completions", &body(&text), &ws, 3)
+            .unwrap();
+        assert_eq!(
+            l.sizes,
+            [36, 36],
+            "sizes are what was sent, priced from the index or not"
+        );
+        assert_eq!(l.cached, [0, 0], "prefixes still come from the index");
         book.unregister(&ws[1]);
         let forgot = book
             .lookup(
@@ -255,8 +278,8 @@ mod tests {
             .unwrap();
         assert_eq!(
             forgot.cached,
-            [0, 0],
-            "a removed worker's tree is forgotten"
+            [36, 0],
+            "a removed worker's tree is forgotten, the others kept"
         );
         assert_eq!(PrefixSource::parse("kv-events"), Ok(PrefixSource::KvEvents));
         assert!(
