@@ -350,7 +350,14 @@ pub fn run_admitted(
     v: &Variant,
     admission: Option<AdmissionConfig>,
 ) -> (Outcome, QueueStats) {
-    let cfg = SimConfig {
+    let cfg = sim_config(s, v, admission);
+    simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
+}
+
+/// The simulator's configuration for variant `v` on the scenario's fleet (the one place a
+/// scenario's fixed settings — freshness, network delay, publish cadence — are written).
+pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>) -> SimConfig {
+    SimConfig {
         engines: vec![s.model; s.engines],
         routers: s.routers,
         router: v.router,
@@ -363,8 +370,7 @@ pub fn run_admitted(
         direct: s.direct,
         delivery: s.delivery,
         admission,
-    };
-    simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
+    }
 }
 
 #[cfg(test)]

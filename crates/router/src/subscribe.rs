@@ -27,6 +27,17 @@ pub const RCVHWM: i32 = 1000;
 /// Sets the router's bounds on `s` (message size, reconnect backoff, keepalive, receive
 /// high-water mark, no linger), subscribes to `topic` (empty: every topic) and dials `endpoint`.
 pub fn configure(s: &zmq::Socket, endpoint: &str, topic: &[u8]) -> zmq::Result<()> {
+    configure_with_hwm(s, endpoint, topic, RCVHWM)
+}
+
+/// [`configure`] with a receive high-water mark of `rcvhwm` messages (the KV-event streams keep
+/// a deeper queue: every batch matters there, only the newest snapshot does for load).
+pub fn configure_with_hwm(
+    s: &zmq::Socket,
+    endpoint: &str,
+    topic: &[u8],
+    rcvhwm: i32,
+) -> zmq::Result<()> {
     s.set_ipv6(endpoint.contains('['))?;
     s.set_maxmsgsize(MAX_MSG_BYTES)?;
     s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
@@ -34,7 +45,7 @@ pub fn configure(s: &zmq::Socket, endpoint: &str, topic: &[u8]) -> zmq::Result<(
     s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
     s.set_tcp_keepalive(1)?;
     s.set_tcp_keepalive_idle(30)?;
-    s.set_rcvhwm(RCVHWM)?;
+    s.set_rcvhwm(rcvhwm)?;
     s.set_linger(0)?;
     s.set_subscribe(topic)?;
     s.connect(endpoint)

@@ -180,17 +180,7 @@ fn min_ttft_prices_a_slow_engine_as_slow() {
     let p99 = |v: &Variant| {
         let cfg = SimConfig {
             engines: vec![slow, s.model, s.model, s.model],
-            routers: s.routers,
-            router: v.router,
-            signal: v.signal,
-            cache: v.cache,
-            freshness_ms: 3000,
-            net_delay_s: 0.001,
-            publish_every: 1,
-            publish_point: s.publish_point,
-            delivery: s.delivery,
-            direct: s.direct,
-            admission: None,
+            ..sim_config(&s, v, None)
         };
         crate::sim::quantile(&crate::sim::simulate(&cfg, &arrivals, 480.0).ttft, 0.99)
     };

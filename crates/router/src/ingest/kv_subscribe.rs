@@ -4,7 +4,6 @@
 
 use crate::book::Worker;
 use crate::cache::{CacheBook, Slot, StreamStats};
-use crate::subscribe::{CONNECT_TIMEOUT_MS, MAX_MSG_BYTES, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS};
 use crate::zctx::FleetContext;
 use loadlink_wire::discovery::KvStreams as Discovered;
 use std::sync::Arc;
@@ -17,17 +16,7 @@ pub const KV_RCVHWM: i32 = 100_000;
 /// with a deep queue.
 pub fn open_kv_sub(ctx: &FleetContext, endpoint: &str, topic: &[u8]) -> zmq::Result<zmq::Socket> {
     let s = ctx.sub_socket()?;
-    s.set_ipv6(endpoint.contains('['))?;
-    s.set_maxmsgsize(MAX_MSG_BYTES)?;
-    s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
-    s.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
-    s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
-    s.set_tcp_keepalive(1)?;
-    s.set_tcp_keepalive_idle(30)?;
-    s.set_rcvhwm(KV_RCVHWM)?;
-    s.set_linger(0)?;
-    s.set_subscribe(topic)?;
-    s.connect(endpoint)?;
+    crate::subscribe::configure_with_hwm(&s, endpoint, topic, KV_RCVHWM)?;
     Ok(s)
 }
 
