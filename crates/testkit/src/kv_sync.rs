@@ -7,7 +7,6 @@ use crate::engine::engine;
 use crate::http::get_json;
 use crate::kv::KvEvents;
 use crate::wait::wait_until;
-use axum::routing::get;
 use loadlink_engine::{Engine, EngineConfig};
 use loadlink_publish::free_port_block;
 use loadlink_router::RouterHandle;
@@ -166,21 +165,7 @@ impl TcpRelay {
 pub async fn server_info_front(c: &reqwest::Client, engine_url: &str, kv_port: u16) -> String {
     let mut info: Value = get_json(c, &format!("{engine_url}/server_info")).await;
     info["kv_events"]["endpoint_port_base"] = kv_port.into();
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a front port");
-    let url = format!("http://{}", listener.local_addr().expect("front address"));
-    let app = axum::Router::new()
-        .route(
-            "/server_info",
-            get(move || {
-                let info = info.clone();
-                async move { axum::Json(info) }
-            }),
-        )
-        .route("/health", get(|| async { "ok" }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    crate::router::serve_loopback(crate::router::server_info_app(info)).await
 }
 
 /// A fleet with its cache book, and the discovery of a worker that is nothing but a KV-event

@@ -28,12 +28,17 @@ pub async fn router(
 /// An HTTP worker that always answers completions and advertises a load socket at `load_port`
 /// (which the test feeds itself), or no load range when `None`. Returns its URL.
 pub async fn http_worker(load_port: Option<u16>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!("http://{}", listener.local_addr().expect("bound address"));
     let info = json!({ "dp_size": 1, "kv_events": load_port.map(advertised) });
-    let app = axum::Router::new()
+    let app = server_info_app(info).route(
+        "/v1/completions",
+        post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
+    );
+    serve_loopback(app).await
+}
+
+/// A fake worker's routes: `GET /server_info` answering `info`, and `GET /health`.
+pub fn server_info_app(info: Value) -> axum::Router {
+    axum::Router::new()
         .route(
             "/server_info",
             get(move || {
@@ -42,10 +47,14 @@ pub async fn http_worker(load_port: Option<u16>) -> String {
             }),
         )
         .route("/health", get(|| async { "ok" }))
-        .route(
-            "/v1/completions",
-            post(|| async { axum::Json(json!({"choices": [{"text": "ok"}]})) }),
-        );
+}
+
+/// Serves `app` on a free loopback port until the test ends; returns its base URL.
+pub async fn serve_loopback(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let url = format!("http://{}", listener.local_addr().expect("bound address"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
 }
