@@ -40,6 +40,8 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "kv_events": kv_events,
         "routed": routed_json(w),
         "no_kv_events_reason": no_kv_events_reason,
+        "refusals": refusals_json(w),
+        "last_refusal": w.refusals.last(),
         "ranks": w.ranks.iter().map(|r| json!({
             "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
             "token_usage": f64::from_bits(r.token_usage_bits.load(Relaxed)),
@@ -58,6 +60,18 @@ fn routed_json(w: &Worker) -> Value {
         "cached_tokens": cached,
         "hit_rate": if prompt == 0 { Value::Null } else { json!(cached as f64 / prompt as f64) },
     })
+}
+
+/// What this worker sent that was refused, by reason (reasons with a count only).
+fn refusals_json(w: &Worker) -> Value {
+    let counts = w.refusals.counts();
+    Value::Object(
+        counts
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(r, n)| (r.as_str().to_string(), json!(n)))
+            .collect(),
+    )
 }
 
 /// A polled worker's poll counters and last error (null for push and in-flight workers).

@@ -57,6 +57,8 @@ pub struct Fleet {
     ingest_threads: usize,
     epoch: Instant,
     cache: Arc<CacheBook>,
+    /// Refusals of every worker this fleet has held, by reason ([`crate::budget`]).
+    pub refusals: Arc<crate::budget::RefusalCounts>,
     /// One load poller per polled worker, by URL ([`crate::poll`]).
     pollers: Mutex<HashMap<String, AbortHandle>>,
     polling: PollConfig,
@@ -79,6 +81,7 @@ impl Fleet {
     pub fn with_cache(ingest_threads: usize, cache: Arc<CacheBook>) -> Self {
         Fleet {
             cache,
+            refusals: Arc::default(),
             workers: ArcSwap::from_pointee(Vec::new()),
             subs: Mutex::default(),
             ingest: OnceLock::new(),
@@ -221,6 +224,7 @@ impl Fleet {
             None => (d.endpoints.len(), LoadSourceKind::Push),
         };
         let worker = Worker::new(url.to_string(), ranks, reason, self.epoch);
+        worker.refusals.attach(self.refusals.clone());
         let worker = Arc::new(if ranks == 0 {
             worker
         } else {

@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod admission;
 pub mod book;
+pub mod budget;
 pub mod cache;
 pub mod config;
 pub mod dashboard;

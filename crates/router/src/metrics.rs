@@ -296,6 +296,7 @@ pub fn render(st: &AppState) -> String {
     st.metrics.write(&mut e);
     write_workers(&mut e, &loads);
     write_reasons(&mut e, &loads);
+    write_refusals(&mut e, st, &loads);
     crate::poll::metrics::write(&mut e, &loads, st.cfg.freshness_ms);
     match st.fleet.ingest_stats() {
         Some(s) => s.write(&mut e),
@@ -304,6 +305,35 @@ pub fn render(st: &AppState) -> String {
     st.cache.write_metrics(&mut e, &workers);
     write_control(&mut e, st);
     e.finish()
+}
+
+/// What peers sent that was refused ([`crate::budget`]): fleet-wide by reason (every reason, zeros
+/// included, so a rate query never misses a series), and per worker for the reasons it hit.
+fn write_refusals(e: &mut Exposition, st: &AppState, loads: &[(&Worker, Load)]) {
+    let mut f = e.family(
+        "loadlink_peer_refusals_total",
+        MetricType::Counter,
+        "Input from workers and clients refused or dropped for exceeding a budget, by reason",
+    );
+    for (r, n) in st.fleet.refusals.iter() {
+        f.sample(&[("reason", r.as_str())], n);
+    }
+    let mut f = e.family(
+        "loadlink_worker_refusals_total",
+        MetricType::Counter,
+        "Input from this worker refused or dropped for exceeding a budget, by reason",
+    );
+    for (w, _) in loads {
+        for (r, n) in w.refusals.counts().iter().filter(|(_, n)| *n > 0) {
+            f.sample(
+                &ReasonLabels {
+                    worker: &w.url,
+                    reason: r.as_str(),
+                },
+                n,
+            );
+        }
+    }
 }
 
 /// Admission and membership: what the router refused and how its fleet changed.

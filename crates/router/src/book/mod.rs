@@ -159,6 +159,8 @@ pub struct Worker {
     /// Circuit breaker: consecutive failures and the time (ms since epoch) it reopens for traffic.
     pub consecutive_failures: AtomicU64,
     pub open_until_ms: AtomicU64,
+    /// What this worker sent that was refused, by reason ([`crate::budget`]).
+    pub refusals: crate::budget::PeerRefusals,
     /// Frames dropped by the subscriber, indexed by [`FrameError::index`].
     pub dropped: [AtomicU64; FrameError::REASONS.len()],
     /// Σ over ranks, recomputed by the (single) subscriber thread on every message so a pick reads
@@ -209,6 +211,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             consecutive_failures: AtomicU64::new(0),
             open_until_ms: AtomicU64::new(0),
+            refusals: Default::default(),
             dropped: Default::default(),
             agg_requests: AtomicI64::new(0),
             agg_tokens: AtomicI64::new(0),
