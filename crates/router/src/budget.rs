@@ -11,7 +11,71 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The budgets themselves: one value per thing a peer controls. Part of
+/// [`crate::RouterConfig`] (`cfg.budgets`); each field names the code that enforces it and its
+/// flag. Defaults are what an operator gets without flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Budgets {
+    /// Largest `/server_info` body read at discovery (`--discovery-max-body-bytes`).
+    pub discovery_body_bytes: usize,
+    /// One discovery attempt, connect to last body byte (`--discovery-timeout-ms`).
+    pub discovery_timeout: Duration,
+    /// Largest load-poll body (`/v1/loads`, `/metrics`) (`--load-poll-max-body-bytes`).
+    pub poll_body_bytes: usize,
+    /// Largest body of one worker's answer to a fan-out (`/v1/models`) (`--fanout-max-body-bytes`).
+    pub fanout_body_bytes: usize,
+    /// One fan-out request to one worker, headers and body (`--fanout-timeout-ms`).
+    pub fanout_timeout: Duration,
+    /// DP ranks believed of one worker when it advertises no `dp_size` (`--max-ranks`).
+    pub max_ranks: usize,
+    /// Largest load-stream message (`--load-message-max-bytes`); a load message is < 200 bytes.
+    pub load_message_bytes: usize,
+    /// Largest KV-event batch (`--kv-message-max-bytes`).
+    pub kv_message_bytes: usize,
+    /// Bytes one subscription socket may queue; its receive high-water mark is this divided by
+    /// the stream's message budget (`--socket-queue-bytes`).
+    pub socket_queue_bytes: usize,
+    /// Messages one stream may have handled per ingest wakeup before the others get a turn
+    /// (`--ingest-batch-messages`).
+    pub wakeup_messages: usize,
+    /// KV-index blocks one worker rank may hold (`--kv-index-max-blocks-per-rank`).
+    pub index_blocks_per_rank: usize,
+    /// Dial KV hosts a worker advertises instead of its URL's host (`--trust-advertised-hosts`).
+    pub trust_advertised_hosts: bool,
+    /// Consecutive empty answers of a membership source before its workers are removed
+    /// (`--membership-empty-answers`).
+    pub membership_empty_answers: u32,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            discovery_body_bytes: 1 << 20,
+            discovery_timeout: Duration::from_secs(5),
+            poll_body_bytes: 8 << 20,
+            fanout_body_bytes: 1 << 20,
+            fanout_timeout: Duration::from_secs(2),
+            max_ranks: 1024,
+            load_message_bytes: 64 << 10,
+            kv_message_bytes: 1 << 20,
+            socket_queue_bytes: 8 << 20,
+            wakeup_messages: 256,
+            index_blocks_per_rank: 1 << 20,
+            trust_advertised_hosts: false,
+            membership_empty_answers: 3,
+        }
+    }
+}
+
+impl Budgets {
+    /// The receive high-water mark (messages) that keeps a socket whose messages are at most
+    /// `message_bytes` within [`Budgets::socket_queue_bytes`].
+    pub fn rcvhwm(&self, message_bytes: usize) -> i32 {
+        (self.socket_queue_bytes / message_bytes.max(1)).clamp(1, i32::MAX as usize) as i32
+    }
+}
 
 /// Why a peer's input was refused or dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -51,6 +51,8 @@ pub struct RouterConfig {
     pub load_poll_timeout_ms: u64,
     /// Workers from a watched file and DNS, besides `worker_urls`.
     pub membership: MembershipConfig,
+    /// What a peer may send ([`crate::budget`]).
+    pub budgets: crate::budget::Budgets,
 }
 
 impl Default for RouterConfig {
@@ -86,6 +88,7 @@ impl Default for RouterConfig {
                 dns_interval_ms: 5000,
                 ..Default::default()
             },
+            budgets: Default::default(),
         }
     }
 }
