@@ -15,6 +15,7 @@ pub mod cache;
 pub mod config;
 pub mod dashboard;
 pub mod discovery;
+pub mod executor_probe;
 pub mod fdlimit;
 pub mod fleet;
 pub mod ingest;
