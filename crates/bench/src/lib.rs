@@ -16,4 +16,5 @@ pub mod plot;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod soak;
 pub mod workload;
