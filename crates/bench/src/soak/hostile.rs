@@ -312,7 +312,7 @@ fn garbage_publisher(base: u16, ranks: u16, per_s: u64, stop: &AtomicBool, sent:
             let _ = load.send_multipart(&msg, zmq::DONTWAIT);
             let kv_msg = vec![Vec::new(), seq.to_be_bytes().to_vec(), rng.bytes(200)];
             let _ = kv.send_multipart(&kv_msg, zmq::DONTWAIT);
-            if n % 500 == 0 {
+            if n.is_multiple_of(500) {
                 let _ =
                     load.send_multipart([&b""[..], &seq.to_be_bytes(), &big_load], zmq::DONTWAIT);
                 let _ = kv.send_multipart([&b""[..], &seq.to_be_bytes(), &big_kv], zmq::DONTWAIT);
