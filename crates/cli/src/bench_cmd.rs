@@ -14,6 +14,7 @@ use loadlink_engine::PublishPoint;
 use loadlink_router::LoadSignal;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -30,6 +31,54 @@ pub enum BenchCommand {
     /// The router's ingest at fleet scale: N fake engines × R ranks on loopback publishing at H Hz;
     /// reports router RSS, CPU per message, engine-priced share, load-to-book lag, proxy latency.
     Fleet(FleetArgs),
+    /// Issue 19's acceptance soak: 4 healthy engines and a router process under steady traffic,
+    /// with hostile workers (stalled, dribbled and oversized bodies, absurd ranks and numbers,
+    /// garbage and oversized frames) registered beside them. Passes with zero failed client
+    /// requests (3 retries allowed), router RSS within idle + 64 MiB, and the router's executor
+    /// probe never more than 50 ms late; exits 1 otherwise. Run it on a release build.
+    Soak(SoakArgs),
+}
+
+#[derive(Args)]
+pub struct SoakArgs {
+    /// Seconds of hostile workers under load.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// Healthy engines.
+    #[arg(long, default_value_t = 4)]
+    engines: usize,
+    /// Client requests a second through the router.
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
+    /// Messages a second from the garbage publishers (all their sockets together).
+    #[arg(long, default_value_t = 5000)]
+    flood: u64,
+    /// Seconds between removing and registering the hostile workers again (0: never).
+    #[arg(long, default_value_t = 20.0)]
+    churn: f64,
+}
+
+fn soak(a: SoakArgs) -> Result<()> {
+    let secs = |name: &str, v: f64| {
+        Duration::try_from_secs_f64(v)
+            .map_err(|_| anyhow::anyhow!("--{name}: expected seconds ≥ 0, got {v}"))
+    };
+    let s = loadlink_bench::soak::Soak {
+        exe: std::env::current_exe().context("locating the loadlink binary")?,
+        duration: secs("duration", a.duration)?,
+        engines: a.engines.max(1),
+        rate: a.rate,
+        flood_per_s: a.flood,
+        churn: secs("churn", a.churn)?,
+    };
+    let r = crate::runtime()?
+        .block_on(loadlink_bench::soak::run(&s))
+        .map_err(anyhow::Error::msg)?;
+    print!("{}", r.text(&s));
+    if !r.passed() {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -201,6 +250,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Plot(p) => return replot(&p.file),
         BenchCommand::Trace(t) => return trace(&t),
         BenchCommand::Fleet(f) => return fleet(f),
+        BenchCommand::Soak(s) => return soak(s),
     };
     let (mut s, load) = a.common.scenario()?;
     if let Some(d) = a.duration {

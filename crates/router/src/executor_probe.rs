@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 
+/// The probe's period in the router.
+pub const PERIOD: Duration = Duration::from_millis(1);
+
 /// Upper bounds (ms) of the lateness histogram's buckets.
 pub const LATENESS_BUCKETS_MS: [f64; 7] = [1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0];
 

@@ -294,6 +294,7 @@ pub fn render(st: &AppState) -> String {
         .collect();
     let mut e = Exposition::new();
     st.metrics.write(&mut e);
+    st.executor.write(&mut e);
     write_workers(&mut e, &loads);
     write_reasons(&mut e, &loads);
     write_refusals(&mut e, st, &loads);

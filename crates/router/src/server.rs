@@ -22,6 +22,8 @@ pub struct RouterHandle {
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
     health: tokio::task::JoinHandle<()>,
+    /// The executor-lateness ticker ([`crate::executor_probe`]).
+    probe: tokio::task::JoinHandle<()>,
     /// The watched-file and DNS membership tasks.
     membership: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -56,6 +58,7 @@ impl RouterHandle {
             let _ = s.await;
         }
         self.health.abort();
+        self.probe.abort();
         self.membership.iter().for_each(|t| t.abort());
         self.state.fleet.stop_polling();
         let st = self.state.clone();
@@ -80,6 +83,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, app(state.clone()), rx));
     let health = tokio::spawn(health_loop(state.clone()));
+    let probe = state.executor.spawn(crate::executor_probe::PERIOD);
     let membership = crate::membership::spawn(&state);
     tracing::info!(
         "router on http://{local} ({} workers, policy {}, signal {:?})",
@@ -93,6 +97,7 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
         shutdown: Some(tx),
         server: Some(server),
         health,
+        probe,
         membership,
     })
 }

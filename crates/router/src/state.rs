@@ -26,6 +26,8 @@ pub struct AppState {
     /// Request sequence: seeds random policies and retry jitter.
     pub seq: AtomicU64,
     pub metrics: Metrics,
+    /// How late the executor runs a periodic task ([`crate::executor_probe`]).
+    pub executor: Arc<crate::executor_probe::ExecutorProbe>,
     /// Set at shutdown so endless streams (the dashboard feed) end and the drain can finish.
     pub stopping: AtomicBool,
     /// Counters of the watched file and DNS sources.
@@ -52,6 +54,7 @@ impl AppState {
             client: crate::fleet::http_client(),
             seq: AtomicU64::new(0),
             metrics: Metrics::default(),
+            executor: Arc::default(),
             stopping: AtomicBool::new(false),
             membership: Default::default(),
         })
