@@ -231,8 +231,15 @@ pub async fn run(s: &Soak) -> Result<SoakReport, String> {
             .send()
             .await;
     };
+    // Admin calls run beside the traffic (a stalled worker's registration takes its discovery
+    // budget); they are awaited at the end, so the report shows every hostile worker registered.
+    let mut admin = Vec::new();
     for (_, url) in &hostile.workers {
-        tokio::spawn(register(c.clone(), url.clone(), router.clone()));
+        admin.push(tokio::spawn(register(
+            c.clone(),
+            url.clone(),
+            router.clone(),
+        )));
     }
 
     let stats = Arc::new(Counters::default());
@@ -269,7 +276,7 @@ pub async fn run(s: &Soak) -> Result<SoakReport, String> {
             next_churn += s.churn;
             for (_, url) in &hostile.workers {
                 let (c, url, router) = (c.clone(), url.clone(), router.clone());
-                tokio::spawn(async move {
+                admin.push(tokio::spawn(async move {
                     let _ = c
                         .delete(format!("{router}/workers"))
                         .query(&[("url", &url)])
@@ -277,13 +284,13 @@ pub async fn run(s: &Soak) -> Result<SoakReport, String> {
                         .send()
                         .await;
                     register(c, url, router).await;
-                });
+                }));
             }
         }
         let wake = next.min(next_sample).min(next_churn);
         tokio::time::sleep(wake.saturating_duration_since(Instant::now())).await;
     }
-    for t in tasks {
+    for t in tasks.into_iter().chain(admin) {
         let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
     }
     if let Ok(r) = rss_mib(pid) {
