@@ -377,4 +377,53 @@ mod tests {
         assert_eq!(out, vec![(1, 2)]);
         assert_eq!(ix.slot_stats(0).blocks, 0);
     }
+
+    #[test]
+    fn a_detached_slot_reads_empty_at_once_and_restores_survive_the_unlinking() {
+        let mut ix = KvIndex::new(1000);
+        ix.apply(0, &stored(&[1, 2, 3]));
+        ix.apply(1, &stored(&[1, 2]));
+        ix.detach_slot(0);
+        let mut out = Vec::new();
+        ix.match_into(&[1, 2, 3], &mut out);
+        assert_eq!(out, vec![(1, 2)], "slot 0 is empty before any unlinking");
+        assert_eq!((ix.len(), ix.pending_unlinks()), (3, 3));
+        ix.apply(0, &stored(&[1, 4])); // stored again before its old entries are unlinked
+        let mut spent = Vec::new();
+        assert!(ix.unlink_step(2, &mut spent), "bounded: one entry left");
+        assert!(!ix.unlink_step(2, &mut spent));
+        assert_eq!(spent.len(), 1);
+        out.clear();
+        ix.match_into(&[1, 4], &mut out);
+        out.sort();
+        assert_eq!(out, vec![(0, 2), (1, 1)]);
+        ix.match_into(&[1, 2, 3], &mut out);
+        out.sort();
+        assert_eq!(out, vec![(0, 1), (1, 2)]);
+        assert_eq!(ix.len(), 3, "block 3 unlinked; 1, 2 and 4 still held");
+        assert_eq!(ix.slot_stats(0).blocks, 2);
+    }
+
+    #[test]
+    fn a_slot_over_its_quota_is_cleared_once_and_then_ignored() {
+        let mut ix = KvIndex::new(1000);
+        ix.set_slot_quota(3);
+        ix.apply(0, &stored(&[1, 2, 3]));
+        assert!(ix.take_over_quota().is_empty());
+        ix.apply(1, &stored(&[1]));
+        ix.apply(0, &stored(&[4, 5]));
+        assert_eq!(ix.take_over_quota(), vec![0]);
+        let st = ix.slot_stats(0);
+        assert!(st.over_quota && st.blocks == 0 && st.clears == 1);
+        ix.apply(0, &stored(&[6]));
+        ix.apply(0, &KvEvent::AllCleared);
+        ix.apply(0, &stored(&[7, 8]));
+        assert!(ix.take_over_quota().is_empty(), "counted once");
+        let mut spent = Vec::new();
+        while ix.unlink_step(1, &mut spent) {}
+        assert_eq!((ix.len(), ix.slot_stats(0).blocks), (1, 0), "only slot 1's block");
+        ix.release_slot(0);
+        ix.apply(0, &stored(&[9]));
+        assert_eq!(ix.slot_stats(0).blocks, 1, "a released slot starts afresh");
+    }
 }
