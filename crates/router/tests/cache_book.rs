@@ -168,11 +168,13 @@ fn registering_one_url_twice_does_not_leak_the_first_registration() {
 fn concurrent_registrations_of_one_worker_leave_nothing_behind() {
     let book = CacheBook::new(100_000);
     let w = worker("http://a:1", 1);
+    let together = std::sync::Barrier::new(2);
     std::thread::scope(|scope| {
         for t in 0..2 {
-            let (book, w) = (&book, &w);
+            let (book, w, together) = (&book, &w, &together);
             scope.spawn(move || {
-                for i in 0..300 {
+                for i in 0..2_000 {
+                    together.wait();
                     let s = book.register(w, 4, 1);
                     book.apply(s[0].0, &stored(&hashes(t * 10_000 + i * 4, 4)));
                 }
