@@ -1,10 +1,16 @@
 //! The KV index's two hot paths: ingesting block events, and the longest-prefix match of an
 //! 8k-token prompt (512 blocks of 16) against 64 workers; and the approximate tree's two: recording
-//! a dispatched 8k-token chain, and the same match.
+//! a dispatched 8k-token chain, and the same match. Then the request path's worst wait while a
+//! worker's 1 Mi-block slot is cleared on another thread (its removal, or a restart): the clear
+//! must not hold the book's lock for O(blocks).
 
 use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
-use loadlink_router::cache::{ApproxTree, KvIndex};
-use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, page_hashes};
+use loadlink_router::Worker;
+use loadlink_router::cache::{ApproxTree, CacheBook, KvIndex};
+use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, KvEventBatch, page_hashes};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::time::{Duration, Instant};
 
 const BLOCKS: usize = 512;
 const WORKERS: u32 = 64;
@@ -92,5 +98,67 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// Blocks of the slot cleared while lookups run.
+const HUGE: usize = 1 << 20;
+
+/// One round: fills a worker's slot with [`HUGE`] blocks, removes the worker on another thread,
+/// and returns the longest any lookup (8k-token prompt, 64 other workers) took meanwhile.
+fn worst_lookup_during_clear(book: &CacheBook, workers: &[Arc<Worker>], prompt: &[i64]) -> Duration {
+    let big = Arc::new(Worker::new("http://big:1".into(), 1, None, Instant::now()));
+    let id = book.register(&big, 16, 1)[0].0;
+    let hashes: Vec<i64> = (0..HUGE as i64).map(|i| i * 7919 + 1_000_003).collect();
+    for h in hashes.chunks(4096) {
+        book.apply(id, &batch(h));
+    }
+    let done = AtomicBool::new(false);
+    let mut worst = Duration::ZERO;
+    let mut out = Vec::with_capacity(workers.len());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            book.unregister(&big);
+            done.store(true, SeqCst);
+        });
+        while !done.load(SeqCst) {
+            let t = Instant::now();
+            book.cached_tokens(workers, black_box(prompt), 16, &mut out);
+            worst = worst.max(t.elapsed());
+        }
+    });
+    worst
+}
+
+fn batch(hashes: &[i64]) -> KvEventBatch {
+    KvEventBatch {
+        ts: 1.0,
+        events: vec![stored(hashes)],
+        attn_dp_rank: Some(0),
+    }
+}
+
+fn clear(c: &mut Criterion) {
+    let book = CacheBook::new(1 << 22);
+    let prompt = chain(7);
+    let workers: Vec<Arc<Worker>> = (0..WORKERS)
+        .map(|w| {
+            let worker = Arc::new(Worker::new(format!("http://w{w}:1"), 1, None, Instant::now()));
+            let id = book.register(&worker, 16, 1)[0].0;
+            let depth = (w as usize * BLOCKS / WORKERS as usize).max(1);
+            book.apply(id, &batch(&prompt[..depth]));
+            worker
+        })
+        .collect();
+    let mut g = c.benchmark_group("kv_index_clear");
+    g.sample_size(10);
+    // Reported "time" is the worst lookup of one round, averaged over rounds.
+    g.bench_function("worst_lookup_while_1m_block_slot_is_cleared", |b| {
+        b.iter_custom(|rounds| {
+            (0..rounds)
+                .map(|_| worst_lookup_during_clear(&book, &workers, &prompt))
+                .sum()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, clear);
 criterion_main!(benches);

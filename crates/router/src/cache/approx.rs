@@ -15,10 +15,10 @@
 //!
 //! Pure: no I/O, no clock (callers pass `now_ms`).
 
-use super::index::{BlockHasher, Slot};
+use super::id_hash::IdBuild;
+use super::index::Slot;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
-use std::hash::BuildHasherDefault;
 
 /// One recorded block: when it was last sent and how deep in its chain it sits.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +32,7 @@ type Order = (u64, Reverse<u32>, i64);
 
 #[derive(Debug, Default)]
 struct SlotTree {
-    blocks: HashMap<i64, Stamp, BuildHasherDefault<BlockHasher>>,
+    blocks: HashMap<i64, Stamp, IdBuild>,
     lru: BTreeSet<Order>,
 }
 
@@ -149,6 +149,14 @@ impl ApproxTree {
         self.slots.iter().all(|t| t.blocks.is_empty())
     }
 
+    /// How many leading blocks of `chain` `slot` holds.
+    pub fn slot_depth(&self, slot: Slot, chain: &[i64]) -> u32 {
+        let Some(tree) = self.slots.get(slot as usize) else {
+            return 0;
+        };
+        chain.partition_point(|h| tree.blocks.contains_key(h)) as u32
+    }
+
     /// For each slot holding at least the first block of `chain`: how many leading blocks it
     /// holds, written to `out` (cleared first; its capacity is reused). Same shape as
     /// [`super::KvIndex::match_into`].
@@ -231,7 +239,9 @@ mod tests {
         );
         t.expire(2_000);
         assert!(t.is_empty());
+        assert_eq!((t.slot_depth(0, &[1, 2]), t.slot_depth(9, &[1])), (0, 0));
         t.record(3, &[4], 2_000);
+        assert_eq!(t.slot_depth(3, &[4, 5]), 1);
         t.clear_slot(3);
         assert!(t.is_empty() && t.slot_stats(3).blocks == 0);
     }

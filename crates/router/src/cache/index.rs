@@ -11,44 +11,36 @@
 //!   lookups instead of O(slots · blocks), with no allocation once the caller's output buffer has
 //!   grown. If lost events broke the nesting, the answer is a conservative estimate until the
 //!   stream resyncs.
-//! * **Two views of one fact.** The block → holders map answers "who holds this block"; each
-//!   slot's block set answers "does this slot hold it" and makes clearing a slot O(its blocks).
-//!   Both change together in `store`/`remove`, nowhere else.
+//! * **Two views of one fact, one of them the truth.** Each slot's block set says what the slot
+//!   holds; the block → holders map says who may hold a block, and is only ever a superset. That
+//!   is what lets a slot be cleared in O(1): its block set is swapped out ([`KvIndex::detach_slot`])
+//!   and the holder entries it leaves behind are unlinked later in bounded steps
+//!   ([`KvIndex::unlink_step`]), so the caller can release its lock between steps instead of
+//!   holding it for O(blocks) work while every request's lookup waits. Until then a stale holder
+//!   entry only costs a probe: every depth is checked against the slot's own set.
 //! * **Bounds.** At most `max_blocks` distinct blocks; a `BlockStored` past that is dropped and
 //!   counted (`dropped_blocks`), and the slot is marked for resync, so memory never grows without
-//!   bound and the loss is visible.
+//!   bound and the loss is visible. And at most `quota` blocks per slot, so one worker rank cannot
+//!   fill the index for everyone: a slot that would pass it is cleared and stops being indexed
+//!   ([`SlotStats::over_quota`]) until it is released. It is not refilled and cleared again on
+//!   every batch: that would be a resync loop costing O(quota) per batch.
 //!
-//! Pure: no I/O, no clock. The subscription layer assigns slots and feeds decoded batches.
+//! Pure: no I/O, no clock. The cache book assigns slots, feeds decoded batches and runs the
+//! unlinking between lock acquisitions.
 
+use super::id_hash::{IdMap, IdSet};
 use loadlink_wire::kv_events::KvEvent;
 use smallvec::SmallVec;
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{VecDeque, hash_set};
 
 /// One (worker, DP rank) whose cache the index tracks.
 pub type Slot = u32;
 
-/// Block hashes are already uniformly distributed 64-bit ids (prefixes of SHA-256): hashing them
-/// again would only cost time. One multiply spreads the bits the table uses.
-#[derive(Default)]
-pub struct BlockHasher(u64);
-
-impl Hasher for BlockHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_i64(&mut self, v: i64) {
-        self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
+/// The block hasher (block hashes are already uniformly distributed ids).
+pub use super::id_hash::IdHasher as BlockHasher;
 
 type Holders = SmallVec<[Slot; 4]>;
-type BlockSet = HashSet<i64, BuildHasherDefault<BlockHasher>>;
+type BlockSet = IdSet<i64>;
 
 /// Per-slot figures for `/workers` and `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,29 +52,58 @@ pub struct SlotStats {
     /// A block of this slot was dropped at the bound, or its stream lost events: the slot's view
     /// is incomplete until it resyncs.
     pub needs_resync: bool,
+    /// The slot tried to hold more than the per-slot quota: it was cleared and is no longer
+    /// indexed (its events are ignored) until it is released.
+    pub over_quota: bool,
+}
+
+/// A cleared slot's former block set, whose holder entries are still to be unlinked.
+#[derive(Debug)]
+pub struct DetachedBlocks {
+    slot: Slot,
+    hashes: hash_set::IntoIter<i64>,
 }
 
 #[derive(Debug)]
 pub struct KvIndex {
-    blocks: HashMap<i64, Holders, BuildHasherDefault<BlockHasher>>,
+    blocks: IdMap<i64, Holders>,
     slots: Vec<SlotStats>,
     held: Vec<BlockSet>,
     max_blocks: usize,
+    quota: usize,
     dropped_blocks: u64,
+    /// Cleared slots' block sets, oldest first, waiting for [`KvIndex::unlink_step`].
+    detached: VecDeque<DetachedBlocks>,
+    /// Slots that went over quota since [`KvIndex::take_over_quota`] was last called.
+    newly_over_quota: Vec<Slot>,
 }
 
 impl KvIndex {
+    /// An index of at most `max_blocks` distinct blocks, with no per-slot quota.
     pub fn new(max_blocks: usize) -> Self {
         KvIndex {
-            blocks: HashMap::default(),
+            blocks: IdMap::default(),
             slots: Vec::new(),
             held: Vec::new(),
             max_blocks,
+            quota: usize::MAX,
             dropped_blocks: 0,
+            detached: VecDeque::new(),
+            newly_over_quota: Vec::new(),
         }
     }
 
-    /// Distinct blocks held by any slot.
+    /// Sets the most blocks one slot may hold (see the module docs); applies to later stores.
+    pub fn set_slot_quota(&mut self, quota: usize) {
+        self.quota = quota.max(1);
+    }
+
+    /// The per-slot quota.
+    pub fn slot_quota(&self) -> usize {
+        self.quota
+    }
+
+    /// Distinct blocks with a holder entry (cleared slots' entries count until unlinked).
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
@@ -109,18 +130,21 @@ impl KvIndex {
         &mut self.slots[i]
     }
 
-    /// Applies one event from `slot`'s stream.
+    /// Applies one event from `slot`'s stream (ignored, but counted, while it is over quota).
     pub fn apply(&mut self, slot: Slot, event: &KvEvent) {
+        let over = self.stats_mut(slot).over_quota;
         match event {
             KvEvent::Stored(s) => {
                 self.stats_mut(slot).stored_events += 1;
-                for &h in &s.block_hashes {
-                    self.store(slot, h);
+                for &h in s.block_hashes.iter().take_while(|_| !over) {
+                    if !self.store(slot, h) {
+                        break;
+                    }
                 }
             }
             KvEvent::Removed(r) => {
                 self.stats_mut(slot).removed_events += 1;
-                for &h in &r.block_hashes {
+                for &h in r.block_hashes.iter().take_while(|_| !over) {
                     self.remove(slot, h);
                 }
             }
@@ -128,57 +152,113 @@ impl KvIndex {
         }
     }
 
-    fn store(&mut self, slot: Slot, hash: i64) {
+    /// Stores `hash` for `slot`; false when the slot just went over quota (stop storing).
+    fn store(&mut self, slot: Slot, hash: i64) -> bool {
+        if self.held[slot as usize].contains(&hash) {
+            return true;
+        }
+        if self.held[slot as usize].len() >= self.quota {
+            self.go_over_quota(slot);
+            return false;
+        }
         let full = self.blocks.len() >= self.max_blocks;
         let holders = match self.blocks.get_mut(&hash) {
             Some(h) => h,
             None if full => {
                 self.dropped_blocks += 1;
                 self.stats_mut(slot).needs_resync = true;
-                return;
+                return true;
             }
             None => self.blocks.entry(hash).or_default(),
         };
         if let Err(at) = holders.binary_search(&slot) {
             holders.insert(at, slot);
-            self.stats_mut(slot).blocks += 1;
-            self.held[slot as usize].insert(hash);
         }
+        self.held[slot as usize].insert(hash);
+        self.stats_mut(slot).blocks += 1;
+        true
     }
 
     fn remove(&mut self, slot: Slot, hash: i64) {
-        let Some(holders) = self.blocks.get_mut(&hash) else {
+        if !self.held[slot as usize].remove(&hash) {
             return;
-        };
-        if let Ok(at) = holders.binary_search(&slot) {
-            holders.remove(at);
-            let st = self.stats_mut(slot);
-            st.blocks = st.blocks.saturating_sub(1);
-            self.held[slot as usize].remove(&hash);
         }
-        if self.blocks.get(&hash).is_some_and(SmallVec::is_empty) {
-            self.blocks.remove(&hash);
-        }
+        unlink(&mut self.blocks, slot, hash);
+        let st = self.stats_mut(slot);
+        st.blocks = st.blocks.saturating_sub(1);
     }
 
-    /// Forgets everything `slot` held: `AllBlocksCleared`, an engine restart, a removed worker, or
-    /// the start of a resync. O(the slot's blocks).
-    pub fn clear_slot(&mut self, slot: Slot) {
-        self.stats_mut(slot);
-        for hash in std::mem::take(&mut self.held[slot as usize]) {
-            if let Some(holders) = self.blocks.get_mut(&hash) {
-                if let Ok(at) = holders.binary_search(&slot) {
-                    holders.remove(at);
-                }
-                if holders.is_empty() {
-                    self.blocks.remove(&hash);
-                }
-            }
-        }
+    fn go_over_quota(&mut self, slot: Slot) {
+        self.detach_slot(slot);
+        self.stats_mut(slot).over_quota = true;
+        self.newly_over_quota.push(slot);
+    }
+
+    /// The slots that went over quota since the last call (usually none; no allocation then).
+    pub fn take_over_quota(&mut self) -> Vec<Slot> {
+        std::mem::take(&mut self.newly_over_quota)
+    }
+
+    /// Forgets everything `slot` held in O(1): its block set is swapped out and queued for
+    /// [`KvIndex::unlink_step`]. Lookups see the slot empty at once. Counts a clear; keeps
+    /// `over_quota` (a cleared slot over quota stays unindexed).
+    pub fn detach_slot(&mut self, slot: Slot) {
         let st = self.stats_mut(slot);
         st.blocks = 0;
         st.clears += 1;
         st.needs_resync = false;
+        let set = std::mem::take(&mut self.held[slot as usize]);
+        if !set.is_empty() {
+            self.detached.push_back(DetachedBlocks {
+                slot,
+                hashes: set.into_iter(),
+            });
+        }
+    }
+
+    /// Detaches `slot` and forgets its history (counters, quota state): it may be given to another
+    /// stream.
+    pub fn release_slot(&mut self, slot: Slot) {
+        self.detach_slot(slot);
+        self.slots[slot as usize] = SlotStats::default();
+    }
+
+    /// Unlinks up to `budget` holder entries left by detached slots; block sets used up are moved
+    /// to `spent` (for the caller to drop after releasing its lock: freeing a large table is not
+    /// free either). Returns whether work remains.
+    pub fn unlink_step(&mut self, budget: usize, spent: &mut Vec<DetachedBlocks>) -> bool {
+        let mut left = budget;
+        while left > 0 {
+            let Some(d) = self.detached.front_mut() else {
+                break;
+            };
+            let n = left.min(d.hashes.len());
+            let own = &self.held[d.slot as usize];
+            for h in d.hashes.by_ref().take(n) {
+                // Stored again since the clear (or by the slot's next owner): still held.
+                if !own.contains(&h) {
+                    unlink(&mut self.blocks, d.slot, h);
+                }
+            }
+            left -= n;
+            if d.hashes.len() == 0 {
+                spent.extend(self.detached.pop_front());
+            }
+        }
+        !self.detached.is_empty()
+    }
+
+    /// Holder entries of detached slots still to be unlinked.
+    pub fn pending_unlinks(&self) -> usize {
+        self.detached.iter().map(|d| d.hashes.len()).sum()
+    }
+
+    /// Forgets everything `slot` held, unlinking at once: O(the slot's blocks). For callers
+    /// without a lock to release (the simulator); the book uses `detach_slot` + `unlink_step`.
+    pub fn clear_slot(&mut self, slot: Slot) {
+        self.detach_slot(slot);
+        let mut spent = Vec::new();
+        while self.unlink_step(usize::MAX, &mut spent) {}
     }
 
     /// Marks `slot`'s view as incomplete (its stream had a gap that replay could not fill).
@@ -202,7 +282,8 @@ impl KvIndex {
             .is_some_and(|set| set.contains(&hash))
     }
 
-    /// Number of leading blocks of `chain` held by anyone (the deepest shared depth).
+    /// Number of leading blocks of `chain` with any holder entry (the deepest shared depth, an
+    /// upper bound while detached entries remain).
     fn any_depth(&self, chain: &[i64]) -> usize {
         // First index with no holder, assuming nested holders along the chain.
         chain.partition_point(|h| self.blocks.contains_key(h))
@@ -222,11 +303,25 @@ impl KvIndex {
         let prefix = &chain[..depth];
         for &slot in candidates {
             let held = prefix.partition_point(|&h| self.holds(slot, h));
-            out.push((slot, held as u32));
+            if held > 0 {
+                out.push((slot, held as u32));
+            }
         }
     }
 }
 
+/// Removes `slot` from `hash`'s holders, and the entry when it was the last.
+fn unlink(blocks: &mut IdMap<i64, Holders>, slot: Slot, hash: i64) {
+    let Some(holders) = blocks.get_mut(&hash) else {
+        return;
+    };
+    if let Ok(at) = holders.binary_search(&slot) {
+        holders.remove(at);
+    }
+    if holders.is_empty() {
+        blocks.remove(&hash);
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,5 +376,54 @@ mod tests {
         ix.match_into(&[1, 3], &mut out);
         assert_eq!(out, vec![(1, 2)]);
         assert_eq!(ix.slot_stats(0).blocks, 0);
+    }
+
+    #[test]
+    fn a_detached_slot_reads_empty_at_once_and_restores_survive_the_unlinking() {
+        let mut ix = KvIndex::new(1000);
+        ix.apply(0, &stored(&[1, 2, 3]));
+        ix.apply(1, &stored(&[1, 2]));
+        ix.detach_slot(0);
+        let mut out = Vec::new();
+        ix.match_into(&[1, 2, 3], &mut out);
+        assert_eq!(out, vec![(1, 2)], "slot 0 is empty before any unlinking");
+        assert_eq!((ix.len(), ix.pending_unlinks()), (3, 3));
+        ix.apply(0, &stored(&[1, 4])); // stored again before its old entries are unlinked
+        let mut spent = Vec::new();
+        assert!(ix.unlink_step(2, &mut spent), "bounded: one entry left");
+        assert!(!ix.unlink_step(2, &mut spent));
+        assert_eq!(spent.len(), 1);
+        out.clear();
+        ix.match_into(&[1, 4], &mut out);
+        out.sort();
+        assert_eq!(out, vec![(0, 2), (1, 1)]);
+        ix.match_into(&[1, 2, 3], &mut out);
+        out.sort();
+        assert_eq!(out, vec![(0, 1), (1, 2)]);
+        assert_eq!(ix.len(), 3, "block 3 unlinked; 1, 2 and 4 still held");
+        assert_eq!(ix.slot_stats(0).blocks, 2);
+    }
+
+    #[test]
+    fn a_slot_over_its_quota_is_cleared_once_and_then_ignored() {
+        let mut ix = KvIndex::new(1000);
+        ix.set_slot_quota(3);
+        ix.apply(0, &stored(&[1, 2, 3]));
+        assert!(ix.take_over_quota().is_empty());
+        ix.apply(1, &stored(&[1]));
+        ix.apply(0, &stored(&[4, 5]));
+        assert_eq!(ix.take_over_quota(), vec![0]);
+        let st = ix.slot_stats(0);
+        assert!(st.over_quota && st.blocks == 0 && st.clears == 1);
+        ix.apply(0, &stored(&[6]));
+        ix.apply(0, &KvEvent::AllCleared);
+        ix.apply(0, &stored(&[7, 8]));
+        assert!(ix.take_over_quota().is_empty(), "counted once");
+        let mut spent = Vec::new();
+        while ix.unlink_step(1, &mut spent) {}
+        assert_eq!((ix.len(), ix.slot_stats(0).blocks), (1, 0), "only slot 1's block");
+        ix.release_slot(0);
+        ix.apply(0, &stored(&[9]));
+        assert_eq!(ix.slot_stats(0).blocks, 1, "a released slot starts afresh");
     }
 }

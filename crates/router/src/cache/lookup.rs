@@ -3,21 +3,21 @@
 //!
 //! * Workers with a KV-event stream answer from the index (what their engines announced).
 //! * Workers without one answer from the router's approximate tree of what it sent them
-//!   ([`ApproxTree`]), which [`CacheBook::record_dispatch`] feeds after each pick. The tree lives in
-//!   the book, so removing a worker forgets both views at once.
+//!   ([`super::ApproxTree`], one per worker), which [`CacheBook::record_dispatch`] feeds after each
+//!   pick. The trees live in the book, so removing a worker forgets both views at once.
+//! * A worker with a rank over its index quota answers from both: the index for its indexed ranks,
+//!   the tree for what it was sent, whichever holds more of the prompt.
 //! * `--prefix-source` can force one view for every worker (`kv-events`, `approx`), which is how
 //!   the evidence compares them on the same fleet.
 //!
-//! The lookup takes the index's read lock once and the tree's lock once; it allocates the
-//! request's chain and two small per-worker vectors, and nothing proportional to the caches.
+//! The lookup takes the index's read lock once and, per tree-priced worker, that worker's tree
+//! lock; it allocates the request's chain and two small per-worker vectors, and nothing
+//! proportional to the caches.
 
-use super::approx::ApproxTree;
-use super::index::Slot;
+use super::book::CacheBook;
 use super::request::PromptChain;
-use super::stream::{CacheBook, key};
 use super::tokenizer::RouterTokenizer;
 use crate::book::Worker;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Which view prices a worker's cached prefix.
@@ -81,52 +81,6 @@ pub struct Lookup {
     sent_sizes: bool,
 }
 
-/// The approximate tree and which slot each worker has in it.
-#[derive(Debug)]
-pub(crate) struct ApproxSlots {
-    pub(crate) tree: ApproxTree,
-    slots: HashMap<usize, Slot>,
-    free: Vec<Slot>,
-    next: Slot,
-    matches: Vec<(Slot, u32)>,
-}
-
-/// The approximate tree's bound per worker (blocks) and age.
-pub const APPROX_MAX_BLOCKS: usize = 1 << 20;
-pub const APPROX_TTL_MS: u64 = 120_000;
-
-impl Default for ApproxSlots {
-    fn default() -> Self {
-        ApproxSlots {
-            tree: ApproxTree::new(APPROX_MAX_BLOCKS, APPROX_TTL_MS),
-            slots: HashMap::new(),
-            free: Vec::new(),
-            next: 0,
-            matches: Vec::new(),
-        }
-    }
-}
-
-impl ApproxSlots {
-    fn slot_of(&mut self, w: &Worker) -> Slot {
-        let (free, next) = (&mut self.free, &mut self.next);
-        *self.slots.entry(key(w)).or_insert_with(|| {
-            free.pop().unwrap_or_else(|| {
-                *next += 1;
-                *next - 1
-            })
-        })
-    }
-
-    /// Forgets `w`'s slot (the worker left).
-    pub(crate) fn forget(&mut self, w: &Worker) {
-        if let Some(s) = self.slots.remove(&key(w)) {
-            self.tree.clear_slot(s);
-            self.free.push(s);
-        }
-    }
-}
-
 impl CacheBook {
     /// The request at `path` with `body` as the caches see it, against `workers`; `None` when it
     /// has no prompt to price (not a generation route, or a body the engine will refuse).
@@ -147,53 +101,65 @@ impl CacheBook {
             sent_sizes: false,
             prompt,
         };
-        let has_stream = self.stream_blocks(workers, &mut l.sizes);
+        let indexed = self.stream_blocks(workers, &mut l.sizes);
         self.cached_tokens(workers, &l.prompt.chain, page, &mut l.cached);
         l.sent_sizes = settings.sizes_from_sent;
         for (i, s) in l.sizes.iter_mut().enumerate() {
             *s *= page;
             l.approx[i] = match settings.source {
-                PrefixSource::Auto => !has_stream[i],
+                PrefixSource::Auto => !indexed[i],
                 PrefixSource::KvEvents => false,
                 PrefixSource::Approx => true,
             };
         }
         if l.sent_sizes || l.approx.iter().any(|&a| a) {
-            self.approx_into(&mut l, workers, page, now_ms);
+            let only_tree = settings.source == PrefixSource::Approx;
+            self.approx_into(&mut l, workers, page, now_ms, only_tree);
         }
         Some(l)
     }
 
-    /// Fills the approximate tree's answers for the workers `l` prices from it.
-    fn approx_into(&self, l: &mut Lookup, workers: &[Arc<Worker>], page: u64, now_ms: u64) {
-        let mut a = self.approx_lock();
-        a.tree.expire(now_ms);
-        let mut matches = std::mem::take(&mut a.matches);
-        a.tree.match_into(&l.prompt.chain, &mut matches);
+    /// Fills the approximate trees' answers for the workers `l` prices from them (replacing the
+    /// index's answer when `only_tree`, else keeping the larger of the two).
+    fn approx_into(
+        &self,
+        l: &mut Lookup,
+        workers: &[Arc<Worker>],
+        page: u64,
+        now_ms: u64,
+        only_tree: bool,
+    ) {
         for (i, w) in workers.iter().enumerate() {
-            let slot = a.slots.get(&key(w)).copied();
-            if l.sent_sizes || l.approx[i] {
-                l.sizes[i] = slot.map_or(0, |s| a.tree.slot_stats(s).blocks) * page;
+            if !(l.sent_sizes || l.approx[i]) {
+                continue;
+            }
+            let (blocks, held) = self.approx.peek(w, &l.prompt.chain, now_ms);
+            let (size, cached) = (blocks * page, u64::from(held) * page);
+            if l.sent_sizes || only_tree {
+                l.sizes[i] = size;
+            } else {
+                l.sizes[i] = l.sizes[i].max(size);
             }
             if l.approx[i] {
-                let held =
-                    slot.and_then(|s| matches.iter().find(|(m, _)| *m == s).map(|(_, b)| *b));
-                l.cached[i] = u64::from(held.unwrap_or(0)) * page;
+                l.cached[i] = if only_tree {
+                    cached
+                } else {
+                    l.cached[i].max(cached)
+                };
             }
         }
-        a.matches = matches;
     }
 
-    /// The request of `l` went to `workers[i]` at `now_ms`: the approximate tree remembers it when
-    /// that worker is priced from the tree.
+    /// The request of `l` went to `workers[i]` at `now_ms`: that worker's approximate tree
+    /// remembers it when the worker is priced from it (not when it has left the fleet since).
     pub fn record_dispatch(&self, l: &Lookup, workers: &[Arc<Worker>], i: usize, now_ms: u64) {
         let tree_priced = l.approx.get(i).copied().unwrap_or(false);
         if !(tree_priced || l.sent_sizes) || l.prompt.chain.is_empty() {
             return;
         }
-        let mut a = self.approx_lock();
-        let slot = a.slot_of(&workers[i]);
-        a.tree.record(slot, &l.prompt.chain, now_ms);
+        if let Some(w) = workers.get(i) {
+            self.approx.record(w, &l.prompt.chain, now_ms);
+        }
     }
 }
 

@@ -1,19 +1,28 @@
 //! The router's belief about engines' prefix caches, and the one place policies get it from.
 //!
 //! * [`index`]: the precise view, a block index fed by each worker's KV-event stream;
-//! * [`stream`]: [`CacheBook`], the index shared between the ingest threads (writers) and the
-//!   request path (readers), with the (worker, rank) → slot map and the per-stream counters;
+//! * [`book`]: [`CacheBook`], the index shared between the ingest threads (writers) and the
+//!   request path (readers), with the (worker, rank) → slot map, the per-rank quota, and the
+//!   approximate trees;
+//! * [`stream`]: what the KV-event streams did (per-stream counters, resync reasons, the
+//!   book-wide counters);
 //! * [`request`]: a request's block-hash chain, through the router's [`tokenizer`] (the engine's
 //!   deterministic one, or a real model's `tokenizer.json` and chat template).
 //! * [`approx`]: for workers without KV events, what this router sent them (bounded by size and
-//!   age), answering in the same shape as the index;
+//!   age), answering in the same shape as the index; `approx_slots` keeps one per worker;
 //! * [`lookup`]: the request path's question, one request against every worker, answered from
 //!   the index or the tree per worker.
+//!
+//! Dependencies run one way: `lookup` and `report` → `book` → `index`, `approx_slots` → `approx`,
+//! all → `id_hash` (the one hasher for already-unique ids).
 //!
 //! Policies never touch an index: the request path asks for this request's cached prefix on every
 //! worker and hands those numbers to the policy through its [`crate::policy::View`].
 
 pub mod approx;
+mod approx_slots;
+pub mod book;
+mod id_hash;
 pub mod index;
 pub mod lookup;
 mod report;
@@ -22,8 +31,10 @@ pub mod stream;
 pub mod tokenizer;
 
 pub use approx::{ApproxStats, ApproxTree};
+pub use approx_slots::{APPROX_MAX_BLOCKS, APPROX_TTL_MS};
+pub use book::{CacheBook, DEFAULT_MAX_BLOCKS, UNLINK_STEP};
 pub use index::{KvIndex, Slot, SlotStats};
 pub use lookup::{Lookup, PrefixSettings, PrefixSource};
 pub use request::PromptChain;
-pub use stream::{CacheBook, DEFAULT_MAX_BLOCKS, ResyncReason, StreamStats};
+pub use stream::{CacheCounters, EVENT_TYPES, ResyncReason, StreamStats};
 pub use tokenizer::RouterTokenizer;

@@ -2,7 +2,9 @@
 //! `/workers`, and the `loadlink_kv_*` families of `/metrics`. Its own module so the book stays
 //! about keeping the index, and the page formats stay in one place.
 
-use super::stream::{CacheBook, EVENT_TYPES, ResyncReason, key};
+use super::approx_slots::key;
+use super::book::CacheBook;
+use super::stream::{EVENT_TYPES, ResyncReason};
 use crate::book::Worker;
 use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType};
 use serde_json::{Value, json};
@@ -29,8 +31,9 @@ loadlink_wire::label_set! {
 
 impl CacheBook {
     /// `worker`'s `kv_events` object for `/workers`: `{blocks, gaps, replays, resyncs,
-    /// needs_resync, last_seq: [per rank], block_size}`, or `null` (and the reason as the second
-    /// value) when it has no KV-event stream.
+    /// needs_resync, last_seq: [per rank], block_size, rank_quota, over_quota_ranks: [ranks],
+    /// not_indexed_reason}` (the reason is null while every rank is indexed), or `null` (and the
+    /// reason as the second value) when it has no KV-event stream.
     pub fn worker_json(&self, worker: &Worker) -> (Value, Option<String>) {
         let g = self.read();
         let Some(e) = g.workers.get(&key(worker)) else {
@@ -38,9 +41,12 @@ impl CacheBook {
             return (Value::Null, why.or_else(|| Some("not subscribed".into())));
         };
         let (mut blocks, mut gaps, mut replays, mut resyncs, mut stale) = (0, 0, 0, 0, false);
-        let mut last = Vec::new();
-        for (slot, s) in &e.ranks {
-            let st = g.index.slot_stats(*slot);
+        let (mut last, mut over) = (Vec::new(), Vec::new());
+        for r in &e.ranks {
+            let (st, s) = (g.index.slot_stats(r.slot), &r.stats);
+            if st.over_quota {
+                over.push(s.rank);
+            }
             blocks += st.blocks;
             stale |= st.needs_resync;
             gaps += s.gaps.load(Relaxed);
@@ -49,9 +55,16 @@ impl CacheBook {
             let seq = s.last_seq.load(Relaxed);
             last.push(if seq < 0 { Value::Null } else { json!(seq) });
         }
+        let quota = g.index.slot_quota();
+        let reason = (!over.is_empty()).then(|| {
+            format!(
+                "rank(s) {over:?} stored more than {quota} blocks (--kv-index-max-blocks-per-rank): not indexed, priced from the approximate tree"
+            )
+        });
         let v = json!({
             "blocks": blocks, "gaps": gaps, "replays": replays, "resyncs": resyncs,
             "needs_resync": stale, "last_seq": last, "block_size": e.block_size,
+            "rank_quota": quota, "over_quota_ranks": over, "not_indexed_reason": reason,
         });
         (v, None)
     }
@@ -176,7 +189,7 @@ impl CacheBook {
         let mut rows = Vec::with_capacity(workers.len());
         for w in workers {
             if let Some(entry) = g.workers.get(&key(w)) {
-                let stats = entry.ranks.iter().map(|(s, _)| g.index.slot_stats(*s));
+                let stats = entry.ranks.iter().map(|r| g.index.slot_stats(r.slot));
                 let (blocks, stale) =
                     stats.fold((0, false), |(b, st), x| (b + x.blocks, st | x.needs_resync));
                 rows.push((&w.url, blocks, stale));
