@@ -201,9 +201,16 @@ fn concurrent_adds_of_one_url_leave_one_subscription() {
     wait_for_sync("replaced subscriptions closed", 10, || {
         stats.subscriptions.load(Relaxed) == 1 && book.counters.streams.load(Relaxed) == 1
     });
+    // The listed worker is the subscribed one: its load stream is read.
+    let listed = fleet.workers()[0].clone();
+    wait_for_sync("the listed worker priced on engine load", 10, || {
+        priced_on_engine(&listed)
+    });
     assert!(fleet.remove(url));
-    wait_for_sync("every subscription closed", 10, || {
-        stats.subscriptions.load(Relaxed) == 0 && book.counters.streams.load(Relaxed) == 0
+    wait_for_sync("every subscription closed and no slot left", 10, || {
+        stats.subscriptions.load(Relaxed) == 0
+            && book.counters.streams.load(Relaxed) == 0
+            && book.rank_blocks(url, 0).is_none()
     });
 }
 
