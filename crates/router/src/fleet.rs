@@ -5,16 +5,31 @@
 //!
 //! The same discovery names each worker's KV-event streams; they are subscribed on the same
 //! ingest thread as its load sockets and feed the fleet's [`CacheBook`], which gives each
-//! (worker, rank) a slot at `add` and clears it at `remove`.
+//! (worker, rank) a slot at `add` and clears it at `remove` (on the ingest thread, once the
+//! streams are closed: see [`crate::ingest`]).
+//!
+//! Limits grow with the fleet: every add reserves the file descriptors its subscriptions need
+//! ([`crate::fdlimit`]), raising the soft `RLIMIT_NOFILE` up to the hard limit when the fleet
+//! outgrows it, always keeping [`crate::fdlimit::FD_RESERVE`] for the HTTP listener and clients.
+//! When the limit cannot grow, the new worker's subscriptions are refused
+//! ([`Refusal::SocketLimit`], with the figure in its reason) and it is priced on in-flight. The
+//! libzmq context is sized at libzmq's own maximum when it is made: `ZMQ_MAX_SOCKETS` is read
+//! once, before the first socket, and a larger table costs only a pointer per socket.
+//!
+//! Adds and removes of one URL are serialised where it matters: the commit (which worker the URL
+//! names, which subscription and poller it holds) runs under one short lock with no I/O, so two
+//! concurrent adds of a URL leave exactly one worker, and the loser's subscription and cache slots
+//! are released like any replaced worker's. Sockets are opened before, outside the lock.
 
 use crate::book::{LoadSignal, LoadSourceKind, Worker};
+use crate::budget::{Budgets, Refusal};
 use crate::cache::CacheBook;
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
-use crate::ingest::{Ingest, SubscriptionId};
+use crate::ingest::{Ingest, Release, SubscriptionId};
 use crate::policy::View;
 use crate::poll::PollConfig;
-use crate::subscribe::configure;
+use crate::subscribe::{SocketBounds, configure_with};
 use crate::zctx::FleetContext;
 use arc_swap::ArcSwap;
 use axum::body::Bytes;
@@ -24,8 +39,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::descriptor::LoadEndpoint;
 use loadlink_wire::discovery::KvStreams;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::task::AbortHandle;
 
@@ -46,14 +60,41 @@ pub fn http_client() -> HttpClient {
         .build(conn)
 }
 
+/// How long `remove` waits for the ingest thread to confirm it closed the sockets. Only for the
+/// caller's bookkeeping: the slots are freed by that thread whenever it gets there.
+const REMOVE_WAIT: Duration = Duration::from_secs(2);
+
+/// libzmq sockets kept free beyond the fleet's own (tests, `watch`, a replay started late).
+const SOCKET_RESERVE: usize = 64;
+
+/// What a worker's subscriptions hold: for the limit arithmetic and for its removal.
+#[derive(Debug, Clone, Copy, Default)]
+struct Held {
+    sub: Option<SubscriptionId>,
+    load_ranks: usize,
+    kv_ranks: usize,
+}
+
+/// The subscriptions of every worker, granted or being opened (see [`Fleet::grant`]).
+#[derive(Debug, Default)]
+struct Holding {
+    workers: usize,
+    load_ranks: usize,
+    kv_ranks: usize,
+    /// The soft descriptor limit last seen in force.
+    soft: u64,
+}
+
 /// The live worker set.
 pub struct Fleet {
     workers: ArcSwap<Vec<Arc<Worker>>>,
-    subs: Mutex<HashMap<String, SubscriptionId>>,
-    /// The ingest threads and the libzmq context they use, made at the first subscription so
-    /// the context's socket limit can be sized from the discovered fleet ([`Fleet::reserve`]).
+    subs: Mutex<HashMap<String, Held>>,
+    /// Serialises the commit of adds and removes (see the module docs).
+    changes: Mutex<()>,
+    holding: Mutex<Holding>,
+    /// The ingest threads and the libzmq context they use, made at the first subscription.
     ingest: OnceLock<Result<(Ingest, Arc<FleetContext>), String>>,
-    reserved_sockets: AtomicUsize,
+    budgets: Budgets,
     ingest_threads: usize,
     epoch: Instant,
     cache: Arc<CacheBook>,
@@ -84,14 +125,23 @@ impl Fleet {
             refusals: Arc::default(),
             workers: ArcSwap::from_pointee(Vec::new()),
             subs: Mutex::default(),
+            changes: Mutex::default(),
+            holding: Mutex::default(),
             ingest: OnceLock::new(),
-            reserved_sockets: AtomicUsize::new(0),
+            budgets: Budgets::default(),
             ingest_threads: ingest_threads.max(1),
             epoch: Instant::now(),
             pollers: Mutex::default(),
             polling: PollConfig::default(),
             poll_client: crate::poll::poll_client(),
         }
+    }
+
+    /// The same fleet enforcing `budgets` on what workers send (message sizes, socket queues, work
+    /// per wakeup, advertised hosts). Before the first worker is added.
+    pub fn with_budgets(mut self, budgets: Budgets) -> Self {
+        self.budgets = budgets;
+        self
     }
 
     /// The same fleet polling HTTP load sources with `cfg`.
@@ -126,20 +176,22 @@ impl Fleet {
         pollers.drain().for_each(|(_, h)| h.abort());
     }
 
-    /// Sizes the libzmq context for `sockets` rank subscriptions (twice that, plus room for
-    /// workers added later). Effective only before the first subscription.
+    /// Formerly sized the libzmq context from the fleet found at start; the context is now made
+    /// at libzmq's maximum (see the module docs) and every add sizes the descriptor limit, so
+    /// this only logs the figure.
     pub fn reserve(&self, sockets: usize) {
-        self.reserved_sockets.fetch_max(sockets, Relaxed);
+        tracing::debug!("{sockets} subscription sockets expected at start");
     }
 
     fn ingest(&self) -> Result<&(Ingest, Arc<FleetContext>), &str> {
         self.ingest
             .get_or_init(|| {
-                let want = 2 * self.reserved_sockets.load(Relaxed) + 1024;
                 let ctx = Arc::new(
-                    FleetContext::new(want, 1).map_err(|e| format!("libzmq context: {e}"))?,
+                    FleetContext::new(usize::MAX, 1)
+                        .map_err(|e| format!("libzmq context: {e}"))?,
                 );
-                let ingest = Ingest::start(self.ingest_threads, ctx.clone())
+                let wakeup = self.budgets.wakeup_messages;
+                let ingest = Ingest::start(self.ingest_threads, ctx.clone(), wakeup)
                     .map_err(|e| format!("starting the ingest threads: {e}"))?;
                 Ok((ingest, ctx))
             })
@@ -174,12 +226,13 @@ impl Fleet {
         let (_, ctx) = self
             .ingest()
             .map_err(|e| format!("cannot subscribe: {e}"))?;
+        let bounds = SocketBounds::load(&self.budgets);
         endpoints
             .iter()
             .map(|ep| {
-                let s = ctx
-                    .sub_socket()
-                    .and_then(|s| configure(&s, &ep.endpoint, ep.generation.topic()).map(|()| s));
+                let s = ctx.sub_socket().and_then(|s| {
+                    configure_with(&s, &ep.endpoint, ep.generation.topic(), bounds).map(|()| s)
+                });
                 s.map(|s| (ep.rank as usize, s)).map_err(|e| {
                     let hint = if e == zmq::Error::EMFILE {
                         let nofile = crate::fdlimit::current().map_or(0, |(soft, _)| soft);
@@ -197,19 +250,75 @@ impl Fleet {
             .collect()
     }
 
+    /// Reserves the file descriptors and libzmq sockets of a worker's `load_ranks` load and
+    /// `kv_ranks` KV-event subscriptions, raising the soft descriptor limit when the fleet needs
+    /// more; or says why they cannot be had (see the module docs).
+    fn grant(&self, load_ranks: usize, kv_ranks: usize) -> Result<(), String> {
+        if load_ranks + kv_ranks == 0 {
+            return Ok(());
+        }
+        let mut h = self.holding();
+        let (workers, load, kv) = (h.workers + 1, h.load_ranks + load_ranks, h.kv_ranks + kv_ranks);
+        let needed = crate::fdlimit::descriptors_needed_with_kv(workers, load, kv);
+        let soft = crate::fdlimit::ensure(needed).map_err(|e| e.to_string())?;
+        if let Ok((_, ctx)) = self.ingest() {
+            let sockets = load + 2 * kv;
+            if sockets + SOCKET_RESERVE > ctx.max_sockets() {
+                return Err(format!(
+                    "the fleet would need {sockets} libzmq sockets (1 per load rank, 2 per KV-event rank) and libzmq allows {} (less {SOCKET_RESERVE} kept free)",
+                    ctx.max_sockets()
+                ));
+            }
+        }
+        if soft > h.soft {
+            tracing::info!(
+                "{workers} workers, {load} load and {kv} KV-event subscriptions: {needed} file descriptors needed, soft limit {soft}"
+            );
+        }
+        *h = Holding {
+            workers,
+            load_ranks: load,
+            kv_ranks: kv,
+            soft,
+        };
+        Ok(())
+    }
+
+    fn holding(&self) -> MutexGuard<'_, Holding> {
+        self.holding.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Adds (or replaces) a worker from its discovery result and subscribes to its ranks (load,
     /// and KV events when it has them), or, without load sockets, polls its HTTP load source
-    /// (unless polling is off). A worker whose load sockets cannot be opened is kept,
-    /// priced on in-flight, with the reason; one without KV streams is simply not indexed.
+    /// (unless polling is off). A worker whose load sockets cannot be opened (or whose
+    /// subscriptions the descriptor limit cannot hold) is kept, priced on in-flight, with the
+    /// reason; one without KV streams is simply not indexed.
     pub fn add(&self, url: &str, d: Discovery) -> Arc<Worker> {
         let polled = d
             .poll
             .filter(|_| d.endpoints.is_empty() && !self.polling.interval.is_zero());
+        let load_ranks = if polled.is_some() {
+            0
+        } else {
+            d.endpoints.len()
+        };
+        let kv_ranks = d.kv.as_ref().map_or(0, |k| k.endpoints.len());
+        let granted = self.grant(load_ranks, kv_ranks);
+        let held = Held {
+            sub: None,
+            load_ranks: if granted.is_ok() { load_ranks } else { 0 },
+            kv_ranks: if granted.is_ok() { kv_ranks } else { 0 },
+        };
+        let refused = granted
+            .err()
+            .map(|e| format!("not subscribed: {e}"));
         let (sockets, reason) = if let Some(p) = polled {
             tracing::info!(worker = url, "no load socket: polling {}", p.kind.as_str());
             (Vec::new(), None)
         } else if d.endpoints.is_empty() {
             (Vec::new(), d.no_load_reason)
+        } else if let Some(why) = &refused {
+            (Vec::new(), Some(why.clone()))
         } else {
             match self.open_sockets(&d.endpoints) {
                 Ok(s) => (s, None),
@@ -230,34 +339,70 @@ impl Fleet {
         } else {
             worker.with_load_source(kind)
         });
-        let polled = worker.load_source.kind.polled();
-        self.set_poller(url, polled.then_some(&worker));
-        let kv = self.kv_subscription(&worker, d.kv);
+        let kv = match &refused {
+            Some(why) => {
+                worker
+                    .refusals
+                    .refuse(Refusal::SocketLimit, || why.clone());
+                d.kv.and_then(|_| Err(why.clone()))
+            }
+            None => d.kv,
+        };
+        let kv = self.kv_subscription(&worker, kv);
         let sub = match self.ingest() {
             Ok((ingest, _)) if !sockets.is_empty() || kv.is_some() => {
                 Some(ingest.add(worker.clone(), sockets, kv))
             }
             _ => None,
         };
-        let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
-        let old = {
-            let mut subs = self.subs.lock().unwrap_or_else(|p| p.into_inner());
-            let old = subs.remove(url);
-            if let Some(s) = sub {
-                subs.insert(url.to_string(), s);
-            }
-            old
+        let (old_worker, old) = {
+            let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
+            let old = self.subs().insert(url.to_string(), Held { sub, ..held });
+            let polled = worker.load_source.kind.polled();
+            self.set_poller(url, polled.then_some(&worker));
+            self.workers.rcu(|ws| {
+                let mut v: Vec<Arc<Worker>> =
+                    ws.iter().filter(|w| w.url != url).cloned().collect();
+                v.push(worker.clone());
+                v
+            });
+            (old_worker, old)
         };
-        self.unsubscribe(old);
-        if let Some(o) = old_worker {
-            self.cache.unregister(&o);
-        }
-        self.workers.rcu(|ws| {
-            let mut v: Vec<Arc<Worker>> = ws.iter().filter(|w| w.url != url).cloned().collect();
-            v.push(worker.clone());
-            v
-        });
+        self.release(old_worker, old);
         worker
+    }
+
+    fn subs(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives back what a replaced or removed worker held: its descriptors in the arithmetic, its
+    /// sockets, and its cache-book slots (freed by the ingest thread after the sockets close).
+    fn release(&self, worker: Option<Arc<Worker>>, held: Option<Held>) {
+        let held = held.unwrap_or_default();
+        if held.load_ranks + held.kv_ranks > 0 {
+            let mut h = self.holding();
+            h.workers = h.workers.saturating_sub(1);
+            h.load_ranks = h.load_ranks.saturating_sub(held.load_ranks);
+            h.kv_ranks = h.kv_ranks.saturating_sub(held.kv_ranks);
+        }
+        let ingest = self.ingest.get().and_then(|i| i.as_ref().ok());
+        match (held.sub, ingest, worker) {
+            (Some(sub), Some((ingest, _)), worker) => {
+                let release = worker.map(|worker| Release {
+                    book: self.cache.clone(),
+                    worker,
+                });
+                if !ingest.remove(sub, release, REMOVE_WAIT) {
+                    tracing::warn!(
+                        "an ingest thread took over {REMOVE_WAIT:?} to close a removed worker's sockets; its cache slots are freed when it does"
+                    );
+                }
+            }
+            (_, _, Some(worker)) => self.cache.unregister(&worker),
+            _ => {}
+        }
     }
 
     /// Slots and connected SUBs for `worker`'s KV streams, or `None` (with the reason recorded in
@@ -267,11 +412,13 @@ impl Fleet {
         worker: &Arc<Worker>,
         kv: Result<KvStreams, String>,
     ) -> Option<KvSubscription> {
-        let opened = kv.and_then(|streams| {
+        let opened = kv.and_then(|mut streams| {
+            self.choose_kv_host(worker, &mut streams);
             let (_, ctx) = self
                 .ingest()
                 .map_err(|e| format!("cannot subscribe: {e}"))?;
-            crate::ingest::kv::subscribe(&self.cache, ctx, worker, &streams)
+            let bounds = SocketBounds::kv(&self.budgets);
+            crate::ingest::kv::subscribe(&self.cache, ctx, worker, &streams, bounds)
         });
         match opened {
             Ok(sub) => Some(sub),
@@ -283,34 +430,48 @@ impl Fleet {
         }
     }
 
-    fn unsubscribe(&self, sub: Option<SubscriptionId>) {
-        if let (Some(sub), Some(Ok((ingest, _)))) = (sub, self.ingest.get()) {
-            ingest.remove(sub);
+    /// Dials the worker URL's host for KV events unless the worker advertised another one that
+    /// the operator trusts (`Budgets::trust_advertised_hosts`) and that is routable; an advertised
+    /// host not dialled is counted as [`Refusal::UntrustedHost`] with both hosts named.
+    fn choose_kv_host(&self, worker: &Worker, streams: &mut KvStreams) {
+        let Some(advertised) = streams.advertised.as_ref().map(|a| a.host.clone()) else {
+            return;
+        };
+        if self.budgets.trust_advertised_hosts && streams.dial_advertised() {
+            tracing::info!(worker = %worker.url, "KV events: dialling the advertised host {advertised}");
+            return;
         }
+        let why = if self.budgets.trust_advertised_hosts {
+            "it is not routable"
+        } else {
+            "advertised hosts are not trusted (--trust-advertised-hosts)"
+        };
+        worker.refusals.refuse(Refusal::UntrustedHost, || {
+            format!(
+                "KV events advertised on host {advertised:?} are read from the worker URL's host instead: {why}"
+            )
+        });
     }
 
     /// Removes a worker; in-flight requests on it finish normally. Returns whether it existed.
     /// Waits (bounded) until its sockets are closed.
     pub fn remove(&self, url: &str) -> bool {
-        let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
+        let (old_worker, held) = {
+            let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+            let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
+            self.workers.rcu(|ws| {
+                ws.iter()
+                    .filter(|w| w.url != url)
+                    .cloned()
+                    .collect::<Vec<_>>()
+            });
+            let held = self.subs().remove(url);
+            self.set_poller(url, None);
+            self.cache.forget(url);
+            (old_worker, held)
+        };
         let existed = old_worker.is_some();
-        self.workers.rcu(|ws| {
-            ws.iter()
-                .filter(|w| w.url != url)
-                .cloned()
-                .collect::<Vec<_>>()
-        });
-        let sub = self
-            .subs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(url);
-        self.unsubscribe(sub);
-        self.set_poller(url, None);
-        if let Some(o) = old_worker {
-            self.cache.unregister(&o);
-        }
-        self.cache.forget(url);
+        self.release(old_worker, held);
         existed
     }
 }

@@ -48,6 +48,7 @@ impl AppState {
             prefix,
             admission: Default::default(),
             fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone())
+                .with_budgets(cfg.budgets.clone())
                 .with_polling(cfg.poll_config()),
             cache,
             cfg,

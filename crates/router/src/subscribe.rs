@@ -7,11 +7,10 @@
 //! length be used again within a second; its cost is one TCP connect attempt per dead rank per
 //! `RECONNECT_IVL_MAX_MS` (see docs/router.md).
 
+use crate::budget::Budgets;
 use loadlink_wire::FrameError;
 use loadlink_wire::frame::{Message, decode_frames};
 
-/// Largest accepted message; libzmq drops the connection of a peer that sends more.
-pub const MAX_MSG_BYTES: i64 = 1 << 20;
 /// First reconnect delay after a publisher is lost.
 pub const RECONNECT_IVL_MS: i32 = 100;
 /// Largest reconnect delay: bounds the time from a publisher's return to its next message.
@@ -21,31 +20,74 @@ pub const RECONNECT_IVL_MAX_MS: i32 = 500;
 /// publisher whose host drops SYNs, or whose accept queue overflowed in a reconnect storm of a
 /// whole fleet, is dialled again within about 1.5 s.
 pub const CONNECT_TIMEOUT_MS: i32 = 1000;
-/// Messages libzmq queues per rank before it sheds (a gauge: the newest is what matters).
-pub const RCVHWM: i32 = 1000;
 
-/// Sets the router's bounds on `s` (message size, reconnect backoff, keepalive, receive
-/// high-water mark, no linger), subscribes to `topic` (empty: every topic) and dials `endpoint`.
-pub fn configure(s: &zmq::Socket, endpoint: &str, topic: &[u8]) -> zmq::Result<()> {
-    configure_with_hwm(s, endpoint, topic, RCVHWM)
+/// What one subscription socket may hold: its largest message and how many messages it queues.
+///
+/// libzmq counts its receive queue in messages, not bytes, so the byte bound is the product:
+/// [`SocketBounds::for_budget`] picks the high-water mark so that `max_message_bytes × rcvhwm`
+/// stays within the per-socket byte budget. A peer that sends a larger message is not queued:
+/// libzmq drops that connection (and reconnects) before allocating the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketBounds {
+    /// `ZMQ_MAXMSGSIZE`.
+    pub max_message_bytes: usize,
+    /// `ZMQ_RCVHWM`, in messages.
+    pub rcvhwm: i32,
 }
 
-/// [`configure`] with a receive high-water mark of `rcvhwm` messages (the KV-event streams keep
-/// a deeper queue: every batch matters there, only the newest snapshot does for load).
-pub fn configure_with_hwm(
+impl SocketBounds {
+    /// Messages of at most `max_message_bytes`, queued within `budgets.socket_queue_bytes`.
+    pub fn for_budget(budgets: &Budgets, max_message_bytes: usize) -> Self {
+        SocketBounds {
+            max_message_bytes: max_message_bytes.max(1),
+            rcvhwm: budgets.rcvhwm(max_message_bytes),
+        }
+    }
+
+    /// A load stream's bounds (a load message is under 200 bytes; only the newest matters).
+    pub fn load(budgets: &Budgets) -> Self {
+        Self::for_budget(budgets, budgets.load_message_bytes)
+    }
+
+    /// A KV-event stream's bounds, live SUB and replay DEALER alike.
+    pub fn kv(budgets: &Budgets) -> Self {
+        Self::for_budget(budgets, budgets.kv_message_bytes)
+    }
+
+    /// The most bytes a socket with these bounds may queue.
+    pub fn queue_bytes(&self) -> u64 {
+        self.max_message_bytes as u64 * self.rcvhwm.max(0) as u64
+    }
+
+    /// Sets `ZMQ_MAXMSGSIZE` and `ZMQ_RCVHWM` on `s` (before it connects).
+    pub fn apply(&self, s: &zmq::Socket) -> zmq::Result<()> {
+        s.set_maxmsgsize(i64::try_from(self.max_message_bytes).unwrap_or(i64::MAX))?;
+        s.set_rcvhwm(self.rcvhwm)
+    }
+}
+
+/// Sets the router's load-stream bounds (default budgets) on `s`, subscribes to `topic` (empty:
+/// every topic) and dials `endpoint`.
+pub fn configure(s: &zmq::Socket, endpoint: &str, topic: &[u8]) -> zmq::Result<()> {
+    configure_with(s, endpoint, topic, SocketBounds::load(&Budgets::default()))
+}
+
+/// Sets `bounds` (message size, receive high-water mark) and the router's other options
+/// (reconnect backoff, connect timeout, keepalive, no linger) on `s`, subscribes to `topic` and
+/// dials `endpoint`.
+pub fn configure_with(
     s: &zmq::Socket,
     endpoint: &str,
     topic: &[u8],
-    rcvhwm: i32,
+    bounds: SocketBounds,
 ) -> zmq::Result<()> {
     s.set_ipv6(endpoint.contains('['))?;
-    s.set_maxmsgsize(MAX_MSG_BYTES)?;
+    bounds.apply(s)?;
     s.set_reconnect_ivl(RECONNECT_IVL_MS)?;
     s.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
     s.set_connect_timeout(CONNECT_TIMEOUT_MS)?;
     s.set_tcp_keepalive(1)?;
     s.set_tcp_keepalive_idle(30)?;
-    s.set_rcvhwm(rcvhwm)?;
     s.set_linger(0)?;
     s.set_subscribe(topic)?;
     s.connect(endpoint)
@@ -75,5 +117,26 @@ pub fn wait_readable<'a>(
 pub fn drain(socket: &zmq::Socket, mut each: impl FnMut(Result<Message, FrameError>)) {
     while let Ok(frames) = socket.recv_multipart(zmq::DONTWAIT) {
         each(decode_frames(&frames));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queues_stay_within_the_byte_budget() {
+        let b = Budgets::default();
+        for bounds in [SocketBounds::load(&b), SocketBounds::kv(&b)] {
+            assert!(bounds.queue_bytes() <= b.socket_queue_bytes as u64, "{bounds:?}");
+            assert!(bounds.rcvhwm >= 1);
+        }
+        assert_eq!(SocketBounds::load(&b).max_message_bytes, 64 << 10);
+        assert_eq!(SocketBounds::kv(&b).max_message_bytes, 1 << 20);
+        let ctx = zmq::Context::new();
+        let s = ctx.socket(zmq::SUB).unwrap();
+        configure_with(&s, "tcp://127.0.0.1:9", b"", SocketBounds::load(&b)).unwrap();
+        assert_eq!(s.get_maxmsgsize().unwrap(), 64 << 10);
+        assert_eq!(s.get_rcvhwm().unwrap(), SocketBounds::load(&b).rcvhwm);
     }
 }

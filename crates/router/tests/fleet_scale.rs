@@ -242,3 +242,94 @@ async fn a_cut_rank_falls_back_and_is_used_again_soon_after_it_returns() {
     pubt.join().unwrap();
     r.stop().await;
 }
+
+/// Worker `i`'s discovery: `ranks` load sockets on `inproc://` endpoints nobody binds (a socket
+/// that stays connecting costs its descriptors and nothing else: no connect attempts).
+fn inproc_discovery(i: usize, ranks: u32) -> loadlink_router::fleet::Discovery {
+    loadlink_router::fleet::Discovery {
+        endpoints: (0..ranks)
+            .map(|rank| loadlink_wire::descriptor::LoadEndpoint {
+                rank,
+                endpoint: format!("inproc://fd-limit-{i}-{rank}"),
+                generation: loadlink_wire::Generation::Snapshot,
+            })
+            .collect(),
+        no_load_reason: None,
+        kv: Err("no KV events".into()),
+        poll: None,
+    }
+}
+
+fn set_nofile(soft: u64, hard: u64) {
+    let r = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) }, 0);
+}
+
+const FD_CHILD: &str = "LOADLINK_TEST_FD_LIMIT_CHILD";
+
+/// Workers added at runtime past the start-up limits: the soft descriptor limit grows with them
+/// (libzmq's socket limit is already at its maximum); past the hard limit a new worker is refused
+/// with `socket_limit` and the reason, the descriptors for listeners stay free, and a removal gives
+/// its share back. Runs in a child process, whose limits it lowers.
+#[test]
+fn workers_added_at_runtime_grow_the_limits_and_past_the_hard_limit_are_refused() {
+    if std::env::var_os(FD_CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "workers_added_at_runtime_grow_the_limits_and_past_the_hard_limit_are_refused",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(FD_CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran the test:\n{text}");
+        return;
+    }
+    use loadlink_router::budget::Refusal;
+    use loadlink_router::fdlimit::{FD_RESERVE, current, descriptors_needed};
+    let (_, hard) = current().unwrap();
+    let (n, ranks) = (300usize, 4u32);
+    let needed = descriptors_needed(n, n * ranks as usize);
+    assert!(hard >= needed, "this test needs a hard limit of {needed}");
+    // A router started small (limits sized for a handful of workers), then a fleet arrives.
+    set_nofile(1200, hard);
+    let fleet = loadlink_router::fleet::Fleet::new(1);
+    for i in 0..n {
+        fleet.add(&format!("http://10.9.{}.{}:1", i / 250, i % 250), inproc_discovery(i, ranks));
+    }
+    let refused: Vec<_> = fleet
+        .workers()
+        .iter()
+        .filter_map(|w| w.no_load_reason.clone())
+        .collect();
+    assert!(refused.is_empty(), "{} refused, e.g. {:?}", refused.len(), refused.first());
+    let stats = fleet.ingest_stats().unwrap();
+    assert_eq!(stats.subscriptions.load(Relaxed), (n * ranks as usize) as u64);
+    let (soft, _) = current().unwrap();
+    assert!(soft >= needed, "the soft limit grew with the fleet: {soft}");
+
+    // The hard limit reached: the next worker is refused, visibly, and the reserve stays free.
+    set_nofile(soft, soft);
+    let late = fleet.add("http://10.9.9.9:1", inproc_discovery(n, ranks));
+    let reason = late.no_load_reason.clone().expect("refused");
+    assert!(reason.contains("file descriptors"), "{reason}");
+    assert_eq!(late.refusals.counts().get(Refusal::SocketLimit), 1);
+    assert_eq!(fleet.refusals.get(Refusal::SocketLimit), 1);
+    let spare: Vec<_> = (0..FD_RESERVE / 2)
+        .map(|_| std::fs::File::open("/dev/null").expect("a descriptor from the reserve"))
+        .collect();
+    drop(spare);
+
+    // A removal gives its descriptors back: the late worker fits now.
+    assert!(fleet.remove("http://10.9.0.0:1"));
+    let late = fleet.add("http://10.9.9.9:1", inproc_discovery(n, ranks));
+    assert_eq!(late.no_load_reason, None);
+}

@@ -192,6 +192,7 @@ pub fn bare_kv_fleet(
             endpoint: format!("tcp://127.0.0.1:{base}"),
             replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
         }],
+        advertised: None,
     };
     let d = loadlink_router::fleet::Discovery {
         endpoints: Vec::new(),

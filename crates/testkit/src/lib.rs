@@ -13,6 +13,7 @@
 //! * [`http`]: the requests every suite sends (a completion, a page as JSON or text), checking
 //!   the status and naming the URL on failure.
 //! * [`pub_sink`]: the PUB load socket a test binds when it plays the engine.
+//! * [`hostile_pub`]: a publisher that sends anything (oversized, random, floods) until dropped.
 //! * [`kv_sync`]: a KV-publishing engine with replay, its `/cache_blocks`, a wait until a
 //!   router's KV index equals it, and a cuttable TCP relay with a `/server_info` front (to make a
 //!   router miss batches on purpose).
@@ -22,6 +23,7 @@
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
 pub mod engine;
+pub mod hostile_pub;
 pub mod http;
 pub mod kv;
 pub mod kv_sync;

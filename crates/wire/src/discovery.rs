@@ -11,8 +11,18 @@
 //! The same body also names the worker's KV-event streams ([`kv_streams`]): one PUB per DP rank
 //! and, when advertised, its replay socket, plus the block size the hashes are taken over. A
 //! worker without them is not an error: it simply has no precise cache view.
+//!
+//! KV streams dial the worker URL's host too, whatever `endpoint_host` says: the host is the
+//! worker's to advertise, but the operator's to trust. A worker could otherwise point a router at
+//! any internal host:port, or at another worker's publisher to claim that worker's cache. A
+//! concrete advertised host is kept aside ([`KvStreams::advertised`]) so a router whose operator
+//! trusts workers' advertisements can dial it ([`KvStreams::dial_advertised`]), if it is routable
+//! ([`routable_host`]). (SGLang's router likewise replaces a wildcard host with the URL's.)
 
-use crate::descriptor::{DescriptorError, KvStreamEndpoint, LoadEndpoint, descriptor_of};
+use crate::descriptor::{
+    DescriptorError, KvEventsDescriptor, KvStreamEndpoint, LoadEndpoint, descriptor_of,
+};
+use std::net::IpAddr;
 use thiserror::Error;
 
 /// The `/server_info` field in which an engine says why it declined its load range (absent or
@@ -108,8 +118,65 @@ pub struct KvStreams {
     pub block_size: u64,
     /// The topic the PUB sockets publish on (SGLang's default: empty).
     pub topic: String,
-    /// One per DP rank, rank order.
+    /// One per DP rank, rank order, dialing the worker URL's host.
     pub endpoints: Vec<KvStreamEndpoint>,
+    /// The concrete host the worker advertised (`endpoint_host`) when it is not its URL's host,
+    /// with the endpoints it would have them dial. Not dialled unless the caller trusts it.
+    pub advertised: Option<AdvertisedKvHost>,
+}
+
+/// A worker's advertised KV host that differs from its URL's host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdvertisedKvHost {
+    /// As advertised, brackets removed.
+    pub host: String,
+    /// [`KvStreams::endpoints`] dialing `host` instead.
+    pub endpoints: Vec<KvStreamEndpoint>,
+}
+
+impl KvStreams {
+    /// Dials the advertised host ([`KvStreams::advertised`]) instead of the URL's host, when there
+    /// is one and it is [`routable_host`]; says whether it switched.
+    pub fn dial_advertised(&mut self) -> bool {
+        match self.advertised.take() {
+            Some(a) if routable_host(&a.host) => {
+                self.endpoints = a.endpoints;
+                true
+            }
+            other => {
+                self.advertised = other;
+                false
+            }
+        }
+    }
+}
+
+/// Whether a subscriber may be pointed at `host` (brackets allowed): not a wildcard, loopback,
+/// link-local, multicast or broadcast address, and not `localhost`. A DNS name is taken as
+/// routable (it is resolved where it is dialled).
+pub fn routable_host(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    if h.is_empty() || h == "*" || h.eq_ignore_ascii_case("localhost") {
+        return false;
+    }
+    match h.parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => {
+            !(v4.is_unspecified()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_multicast()
+                || v4.is_broadcast())
+        }
+        Ok(IpAddr::V6(v6)) => {
+            !(v6.is_unspecified()
+                || v6.is_loopback()
+                || v6.is_multicast()
+                || v6.is_unicast_link_local())
+        }
+        Err(_) => h
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'),
+    }
 }
 
 /// Why a worker has no KV-event stream to subscribe to.
@@ -127,7 +194,8 @@ pub enum NoKv {
     PortOverflow,
 }
 
-/// The KV-event streams of the worker at `worker_url` whose `/server_info` body is `server_info`.
+/// The KV-event streams of the worker at `worker_url` whose `/server_info` body is `server_info`,
+/// dialing the URL's host (see the module docs).
 pub fn kv_streams(worker_url: &str, server_info: &[u8]) -> Result<KvStreams, NoKv> {
     let doc: serde_json::Value =
         serde_json::from_slice(server_info).map_err(|e| DescriptorError::Json(e.to_string()))?;
@@ -139,13 +207,29 @@ pub fn kv_streams(worker_url: &str, server_info: &[u8]) -> Result<KvStreams, NoK
         .ok()
         .filter(|b| *b > 0)
         .ok_or(NoKv::BlockSize(d.block_size))?;
-    let endpoints = d
-        .kv_endpoints(worker_host(worker_url))
-        .ok_or(NoKv::PortOverflow)?;
+    let url_host = worker_host(worker_url);
+    let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_string();
+    let advertised = bare(&d.endpoint_host);
+    let own = KvEventsDescriptor {
+        endpoint_host: "*".into(),
+        ..d.clone()
+    };
+    let endpoints = own.kv_endpoints(url_host).ok_or(NoKv::PortOverflow)?;
+    let wildcard = matches!(advertised.as_str(), "" | "*" | "0.0.0.0" | "::");
+    let advertised = if wildcard || advertised.eq_ignore_ascii_case(&bare(url_host)) {
+        None
+    } else {
+        let endpoints = d.kv_endpoints(url_host).ok_or(NoKv::PortOverflow)?;
+        Some(AdvertisedKvHost {
+            host: advertised,
+            endpoints,
+        })
+    };
     Ok(KvStreams {
         block_size,
         topic: d.topic,
         endpoints,
+        advertised,
     })
 }
 
@@ -218,6 +302,7 @@ mod tests {
             kv_streams(url, null.as_bytes()),
             Err(NoKv::NotZmq("null".into()))
         );
+        assert_eq!(s.advertised, None, "a wildcard host advertises nothing else");
         let zero = body.replace(r#""block_size":16"#, r#""block_size":0"#);
         assert_eq!(kv_streams(url, zero.as_bytes()), Err(NoKv::BlockSize(0)));
         assert!(matches!(kv_streams(url, b"{"), Err(NoKv::Malformed(_))));
@@ -256,5 +341,38 @@ mod tests {
             load_endpoints(url, b"[1]"),
             Err(NoLoad::Malformed(DescriptorError::NotObject))
         ));
+    }
+
+    #[test]
+    fn kv_streams_dial_the_url_host_unless_the_advertised_one_is_trusted() {
+        let body = |host: &str| {
+            format!(
+                r#"{{"kv_events":{{"publisher":"zmq","endpoint_host":"{host}","endpoint_port_base":5557,"topic":"","block_size":16,"dp_size":1,"replay_endpoint_port_base":6000}}}}"#
+            )
+        };
+        let url = "http://10.0.0.2:30000";
+        let mut s = kv_streams(url, body("10.0.0.9").as_bytes()).unwrap();
+        assert_eq!(s.endpoints[0].endpoint, "tcp://10.0.0.2:5557");
+        assert_eq!(
+            s.endpoints[0].replay_endpoint.as_deref(),
+            Some("tcp://10.0.0.2:6000")
+        );
+        assert_eq!(s.advertised.as_ref().unwrap().host, "10.0.0.9");
+        assert!(s.dial_advertised(), "a routable host, trusted");
+        assert_eq!(s.endpoints[0].endpoint, "tcp://10.0.0.9:5557");
+        assert_eq!(
+            s.endpoints[0].replay_endpoint.as_deref(),
+            Some("tcp://10.0.0.9:6000")
+        );
+        for unroutable in ["127.0.0.1", "169.254.169.254", "[::1]", "localhost", "224.0.0.1"] {
+            let mut s = kv_streams(url, body(unroutable).as_bytes()).unwrap();
+            assert!(!s.dial_advertised(), "{unroutable}");
+            assert_eq!(s.endpoints[0].endpoint, "tcp://10.0.0.2:5557", "{unroutable}");
+            assert!(s.advertised.is_some(), "{unroutable}: still reported");
+        }
+        let same = kv_streams(url, body("10.0.0.2").as_bytes()).unwrap();
+        assert_eq!(same.advertised, None, "its own host is no other host");
+        assert!(routable_host("kv-0.engines.svc"));
+        assert!(!routable_host("evil host"));
     }
 }

@@ -2,7 +2,9 @@
 //! its frames checked and its seq accounted (so gaps and restarts are counted exactly), but only
 //! the newest payload is decoded and applied to the book — a backlog costs one decode, not one per
 //! message. The drain ends at `EAGAIN` *and* a `ZMQ_EVENTS` without `POLLIN`: `ZMQ_FD` is
-//! edge-triggered, so stopping earlier could leave messages that no later edge announces.
+//! edge-triggered, so stopping earlier could leave messages that no later edge announces. The one
+//! exception is the per-wakeup budget ([`drain_rank_at_most`]): a drain stopped by it says so
+//! ([`Drained::more`]) and its caller must come back to the socket without waiting for an edge.
 
 use super::stats::IngestStats;
 use crate::book::{SeqEvent, Worker};
@@ -40,6 +42,8 @@ pub struct Drained {
     pub messages: u64,
     /// Payloads decoded: 0 or 1.
     pub decoded: u64,
+    /// Stopped at its message budget with messages possibly left: no edge will announce them.
+    pub more: bool,
 }
 
 /// Receives one multipart message into `frames`; returns its frame count (frames past the third
@@ -55,8 +59,9 @@ fn recv_message(s: &zmq::Socket, frames: &mut [zmq::Message; 3]) -> zmq::Result<
     Ok(n)
 }
 
-/// Whether libzmq has more for `s` (this also lets it process pending commands).
-fn readable(s: &zmq::Socket) -> bool {
+/// Whether libzmq has more for `s` (this also lets it process pending commands). Every drain of
+/// the ingest (load, KV live, KV replay) ends only when this is false.
+pub(crate) fn readable(s: &zmq::Socket) -> bool {
     s.get_events().is_ok_and(|e| e.contains(zmq::POLLIN))
 }
 
@@ -68,9 +73,25 @@ pub fn drain_rank(
     scratch: &mut Scratch,
     stats: &IngestStats,
 ) -> Drained {
+    drain_rank_at_most(socket, worker, rank, scratch, stats, u64::MAX)
+}
+
+/// [`drain_rank`] receiving at most `limit` messages; [`Drained::more`] when it stopped there.
+pub fn drain_rank_at_most(
+    socket: &zmq::Socket,
+    worker: &Worker,
+    rank: usize,
+    scratch: &mut Scratch,
+    stats: &IngestStats,
+    limit: u64,
+) -> Drained {
     let mut out = Drained::default();
     let mut have_newest = false;
     loop {
+        if out.messages >= limit {
+            out.more = true;
+            break;
+        }
         match recv_message(socket, &mut scratch.frames) {
             Ok(n) => {
                 out.messages += 1;

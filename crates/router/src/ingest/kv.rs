@@ -20,10 +20,11 @@
 //! brings the index up to the engine's state (as far as its buffer reaches, else the slot is
 //! marked incomplete).
 
+pub(super) use super::drain::readable;
 use super::epoll::Epoll;
 use super::kv_replay::ReplaySocket;
 use super::kv_seq::{Live, Sequencer};
-pub use super::kv_subscribe::{KV_RCVHWM, KvSocket, KvSubscription, open_kv_sub, subscribe};
+pub use super::kv_subscribe::{KvSocket, KvSubscription, open_kv_sub, subscribe};
 use crate::book::Worker;
 use crate::cache::{CacheBook, ResyncReason};
 use crate::zctx::FleetContext;
@@ -80,6 +81,8 @@ pub(super) struct Stream {
     /// [`PROBE_FIRST`]), and the interval after that.
     pub(super) probe: Option<(Instant, Duration)>,
     pub(super) last_rx: Instant,
+    /// Messages one drain of its SUB or its replay DEALER may take (`Budgets::wakeup_messages`).
+    pub(super) wakeup: u64,
 }
 
 pub(super) fn digest(bytes: &[u8]) -> u64 {
@@ -88,19 +91,35 @@ pub(super) fn digest(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
-pub(super) fn readable(s: &zmq::Socket) -> bool {
-    s.get_events().is_ok_and(|e| e.contains(zmq::POLLIN))
-}
-
 /// The KV streams of one ingest thread.
-#[derive(Default)]
 pub struct KvStreams {
     streams: Vec<Option<Stream>>,
     free: Vec<usize>,
     by_id: HashMap<u64, Vec<usize>>,
+    /// Messages per stream per wakeup.
+    wakeup: u64,
+    /// Tokens of sockets whose drain stopped at the budget: the ingest loop serves them again on
+    /// its next turn (no edge will announce what they still hold).
+    revisit: Vec<u64>,
 }
 
 impl KvStreams {
+    /// No streams yet; each drain takes at most `wakeup` messages.
+    pub fn new(wakeup: usize) -> Self {
+        KvStreams {
+            streams: Vec::new(),
+            free: Vec::new(),
+            by_id: HashMap::new(),
+            wakeup: (wakeup as u64).max(1),
+            revisit: Vec::new(),
+        }
+    }
+
+    /// Moves the tokens to serve again (see [`KvStreams::revisit`]) into `out`.
+    pub fn take_revisits(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.revisit);
+    }
+
     /// Registers `sub`'s streams under subscription `id` and starts each one's initial replay.
     pub fn add(
         &mut self,
@@ -142,11 +161,14 @@ impl KvStreams {
                 fruitless: 0,
                 probe: None,
                 last_rx: Instant::now(),
+                wakeup: self.wakeup,
             };
             s.schedule_probes();
             s.load_restarts = s.load_restarts_now();
             s.start_replay(epoll, ctx, i);
-            s.drain_live(epoll, ctx, i);
+            if s.drain_live(epoll, ctx, i) {
+                self.revisit.push(KV_TAG | i as u64);
+            }
             self.streams[i] = Some(s);
             self.by_id.entry(id).or_default().push(i);
         }
@@ -171,10 +193,13 @@ impl KvStreams {
         let Some(Some(s)) = self.streams.get_mut(i) else {
             return;
         };
-        if token & REPLAY_TAG != 0 {
-            s.drain_replay(epoll, ctx, i);
+        let more = if token & REPLAY_TAG != 0 {
+            s.drain_replay(epoll, ctx, i)
         } else {
-            s.drain_live(epoll, ctx, i);
+            s.drain_live(epoll, ctx, i)
+        };
+        if more {
+            self.revisit.push(token);
         }
     }
 
@@ -186,8 +211,8 @@ impl KvStreams {
         let mut running = false;
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
-            if s.replay.is_some() {
-                s.drain_replay(epoll, ctx, i);
+            if s.replay.is_some() && s.drain_replay(epoll, ctx, i) {
+                self.revisit.push(REPLAY_TAG | i as u64);
             }
             match &s.replay {
                 Some(r) if r.first && now >= r.deadline => s.replay_timed_out(epoll, ctx, i),
@@ -207,8 +232,8 @@ impl KvStreams {
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
             s.probe_if_due(epoll, ctx, i);
-            if s.last_rx.elapsed() >= quiet {
-                s.drain_live(epoll, ctx, i);
+            if s.last_rx.elapsed() >= quiet && s.drain_live(epoll, ctx, i) {
+                self.revisit.push(KV_TAG | i as u64);
             }
             s.follow_load_restart(epoll, ctx, i);
         }
@@ -269,10 +294,17 @@ impl Stream {
         }
     }
 
-    fn drain_live(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+    /// Receives up to [`Stream::wakeup`] live batches; true when it stopped there (messages may
+    /// be left, and no edge will announce them).
+    fn drain_live(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
+        let mut taken = 0;
         loop {
+            if taken >= self.wakeup {
+                return true;
+            }
             match self.k.sub.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => {
+                    taken += 1;
                     self.last_rx = Instant::now();
                     let seq = match split_frames(&frames) {
                         Ok(raw) => raw.seq,
@@ -285,7 +317,7 @@ impl Stream {
                     self.on_live(epoll, ctx, i, seq, payload);
                 }
                 Err(zmq::Error::EAGAIN) if readable(&self.k.sub) => continue,
-                Err(_) => break,
+                Err(_) => return false,
             }
         }
     }

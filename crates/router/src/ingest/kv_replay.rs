@@ -36,8 +36,9 @@ impl Stream {
         };
         let opened = ctx.dealer_socket().and_then(|d| {
             d.set_linger(0)?;
-            d.set_rcvhwm(0)?;
-            d.set_maxmsgsize(crate::subscribe::MAX_MSG_BYTES)?;
+            // Bounded like the live SUB: a replay that outruns the drain is shed by the engine's
+            // ROUTER and continued from where it stopped (see `REPLAY_IDLE`).
+            self.k.bounds.apply(&d)?;
             d.connect(ep)?;
             let fd = d.get_fd()?;
             Ok((d, fd))
@@ -80,11 +81,20 @@ impl Stream {
         }
     }
 
-    pub(super) fn drain_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+    /// Receives up to [`Stream::wakeup`] replayed batches; true when it stopped there with the
+    /// replay still open (the caller serves it again on its next turn).
+    pub(super) fn drain_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
+        let mut taken = 0;
         loop {
-            let Some(r) = &mut self.replay else { return };
+            let Some(r) = &mut self.replay else {
+                return false;
+            };
+            if taken >= self.wakeup {
+                return true;
+            }
             match r.dealer.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => {
+                    taken += 1;
                     r.last_rx = Instant::now();
                     let [empty, _topic, seq, payload] = &frames[..] else {
                         self.book.counters.decode_errors.fetch_add(1, Relaxed);
@@ -97,13 +107,14 @@ impl Stream {
                     if !empty.is_empty() {
                         self.book.counters.decode_errors.fetch_add(1, Relaxed);
                     } else if seq == -1 {
-                        return self.finish_replay(epoll, ctx, i);
+                        self.finish_replay(epoll, ctx, i);
+                        return false;
                     } else {
                         self.on_replayed(epoll, ctx, i, seq, payload);
                     }
                 }
                 Err(zmq::Error::EAGAIN) if readable(&r.dealer) => continue,
-                Err(_) => return,
+                Err(_) => return false,
             }
         }
     }

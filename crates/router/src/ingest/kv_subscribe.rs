@@ -4,39 +4,43 @@
 
 use crate::book::Worker;
 use crate::cache::{CacheBook, Slot, StreamStats};
+use crate::subscribe::{SocketBounds, configure_with};
 use crate::zctx::FleetContext;
 use loadlink_wire::discovery::KvStreams as Discovered;
 use std::sync::Arc;
 
-/// Batches libzmq queues per KV stream before it sheds (SGLang's publisher HWM): unlike load,
-/// every batch matters; a shed one is a gap, recovered by replay.
-pub const KV_RCVHWM: i32 = 100_000;
-
-/// A SUB for a KV-event stream: the load sockets' bounds (see [`crate::subscribe::configure`])
-/// with a deep queue.
-pub fn open_kv_sub(ctx: &FleetContext, endpoint: &str, topic: &[u8]) -> zmq::Result<zmq::Socket> {
+/// A SUB for a KV-event stream with `bounds` ([`SocketBounds::kv`]: every batch matters, so a
+/// shed one is a gap, recovered by replay; the queue is as deep as the byte budget allows).
+pub fn open_kv_sub(
+    ctx: &FleetContext,
+    endpoint: &str,
+    topic: &[u8],
+    bounds: SocketBounds,
+) -> zmq::Result<zmq::Socket> {
     let s = ctx.sub_socket()?;
-    crate::subscribe::configure_with_hwm(&s, endpoint, topic, KV_RCVHWM)?;
+    configure_with(&s, endpoint, topic, bounds)?;
     Ok(s)
 }
 
-/// Registers `worker`'s streams in `book` and opens their SUBs; on failure nothing stays
-/// registered and the error names the socket.
+/// Registers `worker`'s streams in `book` and opens their SUBs with `bounds` (its replay DEALERs
+/// get the same); on failure nothing stays registered and the error names the socket.
 pub fn subscribe(
     book: &Arc<CacheBook>,
     ctx: &FleetContext,
     worker: &Arc<Worker>,
     streams: &Discovered,
+    bounds: SocketBounds,
 ) -> Result<KvSubscription, String> {
     let ranks = u32::try_from(streams.endpoints.len()).unwrap_or(u32::MAX);
     let slots = book.register(worker, streams.block_size, ranks);
     let mut out = Vec::with_capacity(slots.len());
     for (ep, (slot, stats)) in streams.endpoints.iter().zip(slots) {
-        match open_kv_sub(ctx, &ep.endpoint, streams.topic.as_bytes()) {
+        match open_kv_sub(ctx, &ep.endpoint, streams.topic.as_bytes(), bounds) {
             Ok(sub) => out.push(KvSocket {
                 rank: ep.rank,
                 slot,
                 sub,
+                bounds,
                 replay_endpoint: ep.replay_endpoint.clone(),
                 stats,
             }),
@@ -61,6 +65,8 @@ pub struct KvSocket {
     pub slot: Slot,
     /// Connected and subscribed.
     pub sub: zmq::Socket,
+    /// Its size bounds, which its replay DEALERs get too.
+    pub bounds: SocketBounds,
     pub replay_endpoint: Option<String>,
     pub stats: Arc<StreamStats>,
 }

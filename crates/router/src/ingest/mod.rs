@@ -2,8 +2,14 @@
 //!
 //! A small fixed set of threads (default one, `--ingest-threads`) owns every rank's SUB socket.
 //! Each waits on an epoll set holding libzmq's `ZMQ_FD` of its sockets, so a wake-up costs
-//! O(ready sockets), never O(fleet); idle sockets cost nothing. A ready socket is drained fully
-//! ([`drain`]) and only its newest snapshot is decoded. Workers are added and removed through a
+//! O(ready sockets), never O(fleet); idle sockets cost nothing. A ready socket is drained
+//! ([`drain`]) and only its newest snapshot is decoded.
+//!
+//! Work per wakeup is bounded per stream (`Budgets::wakeup_messages`): a drain stops after that
+//! many messages so one flooding publisher cannot keep its thread from every other socket. Since
+//! `ZMQ_FD` is edge-triggered and no new edge comes for a socket that still holds messages, such
+//! a socket is put on a revisit list and served again on the next turn, before the thread sleeps
+//! (the next `epoll_wait` then does not block). Workers are added and removed through a
 //! command channel with an eventfd doorbell. All ranks of a worker live on one thread, so each
 //! book entry keeps a single writer.
 //!
@@ -15,6 +21,11 @@
 //!
 //! KV-event streams ([`kv`]) live on the same threads and in the same epoll sets, beside their
 //! worker's load sockets: one more SUB per rank, and a replay DEALER only while a replay runs.
+//!
+//! Removal: a subscription's cache-book slots are freed by its ingest thread itself, right after
+//! it closed the subscription's sockets ([`Ingest::remove`] hands the thread what to free). A
+//! freed slot can then be reused at once: no stream still writes into it, however late the thread
+//! is. The caller's wait for the acknowledgement is bounded and only for its own bookkeeping.
 
 pub mod drain;
 mod epoll;
@@ -25,8 +36,9 @@ mod kv_subscribe;
 pub mod stats;
 
 use crate::book::Worker;
+use crate::cache::CacheBook;
 use crate::zctx::FleetContext;
-use drain::{Scratch, drain_rank};
+use drain::{Scratch, drain_rank_at_most};
 use epoll::{Doorbell, Epoll};
 use kv::{KV_TAG, KvStreams, KvSubscription, REPLAY_TAG};
 use stats::IngestStats;
@@ -55,9 +67,17 @@ enum Command {
     },
     Remove {
         id: u64,
+        /// Freed once the sockets are closed (see the module docs).
+        release: Option<Release>,
         done: mpsc::SyncSender<()>,
     },
     Stop,
+}
+
+/// A removed worker's cache-book registration, released by the ingest thread.
+pub struct Release {
+    pub book: Arc<CacheBook>,
+    pub worker: Arc<Worker>,
 }
 
 struct Handle {
@@ -74,15 +94,20 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Starts `threads` ingest threads (at least one); they keep `ctx` alive while they hold
-    /// sockets made from it.
-    pub fn start(threads: usize, ctx: Arc<FleetContext>) -> std::io::Result<Self> {
+    /// Starts `threads` ingest threads (at least one), each stream taking at most
+    /// `wakeup_messages` messages per wakeup; they keep `ctx` alive while they hold sockets made
+    /// from it.
+    pub fn start(
+        threads: usize,
+        ctx: Arc<FleetContext>,
+        wakeup_messages: usize,
+    ) -> std::io::Result<Self> {
         let stats = Arc::new(IngestStats::default());
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
             let (tx, rx) = mpsc::channel();
             let bell = Arc::new(Doorbell::new()?);
-            let lp = Loop::new(rx, bell.clone(), stats.clone(), ctx.clone())?;
+            let lp = Loop::new(rx, bell.clone(), stats.clone(), ctx.clone(), wakeup_messages)?;
             let thread = std::thread::Builder::new()
                 .name(format!("ingest-{i}"))
                 .spawn(move || lp.run())?;
@@ -125,11 +150,17 @@ impl Ingest {
         SubscriptionId { thread, id }
     }
 
-    /// Closes a subscription's sockets; waits (bounded) until its thread has done so.
-    pub fn remove(&self, sub: SubscriptionId) {
+    /// Closes a subscription's sockets, then (on its thread) frees `release`'s cache-book slots;
+    /// waits (bounded by `wait`) until the thread has done so, and says whether it had.
+    pub fn remove(&self, sub: SubscriptionId, release: Option<Release>, wait: Duration) -> bool {
         let (done, closed) = mpsc::sync_channel(1);
-        self.send(sub.thread, Command::Remove { id: sub.id, done });
-        let _ = closed.recv_timeout(Duration::from_secs(2));
+        let c = Command::Remove {
+            id: sub.id,
+            release,
+            done,
+        };
+        self.send(sub.thread, c);
+        closed.recv_timeout(wait).is_ok()
     }
 
     fn send(&self, thread: usize, c: Command) {
@@ -178,6 +209,10 @@ struct Loop {
     kv: KvStreams,
     /// A KV replay may be running: wake every `kv::REPLAY_POLL` to check on it.
     kv_replaying: bool,
+    /// Messages per stream per wakeup.
+    wakeup: u64,
+    /// Tokens whose drain stopped at the budget, served again on the next turn.
+    revisit: Vec<u64>,
     scratch: Scratch,
     stats: Arc<IngestStats>,
     ctx: Arc<FleetContext>,
@@ -189,6 +224,7 @@ impl Loop {
         bell: Arc<Doorbell>,
         stats: Arc<IngestStats>,
         ctx: Arc<FleetContext>,
+        wakeup_messages: usize,
     ) -> std::io::Result<Self> {
         let epoll = Epoll::new()?;
         epoll.add(bell.raw(), BELL)?;
@@ -199,8 +235,10 @@ impl Loop {
             slots: Vec::new(),
             free: Vec::new(),
             by_id: HashMap::new(),
-            kv: KvStreams::default(),
+            kv: KvStreams::new(wakeup_messages),
             kv_replaying: false,
+            wakeup: (wakeup_messages as u64).max(1),
+            revisit: Vec::new(),
             scratch: Scratch::default(),
             stats,
             ctx,
@@ -211,8 +249,13 @@ impl Loop {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 512];
         let mut ready = Vec::with_capacity(events.len());
         let mut last_sweep = Instant::now();
+        let mut carried = Vec::new();
         loop {
-            let timeout = if self.kv_replaying {
+            self.kv.take_revisits(&mut self.revisit);
+            std::mem::swap(&mut carried, &mut self.revisit);
+            let timeout = if !carried.is_empty() {
+                Duration::ZERO
+            } else if self.kv_replaying {
                 kv::REPLAY_POLL
             } else {
                 SWEEP
@@ -224,6 +267,9 @@ impl Loop {
                 last_sweep = Instant::now();
             }
             self.stats.wakeups.fetch_add(1, Relaxed);
+            // What the last turn left unfinished goes after what became ready since: a flooding
+            // socket waits its turn behind the others.
+            ready.extend(carried.drain(..));
             for &token in &ready {
                 if token == BELL {
                     self.bell.clear();
@@ -243,15 +289,26 @@ impl Loop {
         }
     }
 
-    /// Drains slot `i`; returns how many messages it had.
+    /// Drains slot `i` (at most the wakeup budget; see the module docs); returns how many
+    /// messages it had.
     fn drain(&mut self, i: usize) -> u64 {
         let Some(Some(s)) = self.slots.get_mut(i) else {
             return 0;
         };
-        let d = drain_rank(&s.socket, &s.worker, s.rank, &mut self.scratch, &self.stats);
+        let d = drain_rank_at_most(
+            &s.socket,
+            &s.worker,
+            s.rank,
+            &mut self.scratch,
+            &self.stats,
+            self.wakeup,
+        );
         self.stats.drains.fetch_add(1, Relaxed);
         if d.messages > 0 {
             s.last_rx = Instant::now();
+        }
+        if d.more {
+            self.revisit.push(i as u64);
         }
         d.messages
     }
@@ -284,8 +341,11 @@ impl Loop {
                     }
                     self.add(id, worker, sockets);
                 }
-                Command::Remove { id, done } => {
+                Command::Remove { id, release, done } => {
                     self.remove(id);
+                    if let Some(r) = release {
+                        r.book.unregister(&r.worker);
+                    }
                     let _ = done.try_send(());
                 }
                 Command::Stop => return false,
