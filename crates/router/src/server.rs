@@ -126,12 +126,18 @@ async fn bind(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), Route
 async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterError> {
     use futures_util::StreamExt;
     let limits = DiscoveryLimits::of(state);
-    let limits = &limits;
-    let mut arrivals = futures_util::stream::iter(urls)
-        .map(|u| async move { (u, discover(&state.client, u, limits).await) })
-        .buffer_unordered(state.cfg.discovery_concurrency.max(1));
+    let concurrency = state.cfg.discovery_concurrency.max(1);
+    let mut queued = urls.iter();
+    let mut running = futures_util::stream::FuturesUnordered::new();
     let (mut added, mut ranks, mut kv_ranks, mut sockets, mut widest) = (0, 0, 0, 0, 0);
-    while let Some((url, d)) = arrivals.next().await {
+    loop {
+        while running.len() < concurrency {
+            let Some(url) = queued.next() else { break };
+            running.push(discover_one(state, url, &limits));
+        }
+        let Some((url, d)) = running.next().await else {
+            break;
+        };
         added += 1;
         ranks += d.endpoints.len();
         kv_ranks += d.kv_ranks();
@@ -149,6 +155,16 @@ async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterErro
         urls.len()
     );
     Ok(())
+}
+
+/// `url` with its discovery (a named function: a closure here would not be `Send` for every
+/// lifetime, and `start` must stay spawnable).
+async fn discover_one<'a>(
+    state: &AppState,
+    url: &'a str,
+    limits: &DiscoveryLimits,
+) -> (&'a str, crate::discovery::Discovery) {
+    (url, discover(&state.client, url, limits).await)
 }
 
 /// `GET /readiness`: 200 while the router takes traffic and has a worker that may take it; 503

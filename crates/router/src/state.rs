@@ -30,6 +30,8 @@ pub struct AppState {
     pub stopping: AtomicBool,
     /// Counters of the watched file and DNS sources.
     pub membership: crate::membership::MembershipStats,
+    /// The merged `/v1/models` answer, kept briefly ([`crate::models`]).
+    pub models: crate::models::ModelsCache,
 }
 
 impl AppState {
@@ -54,6 +56,7 @@ impl AppState {
             metrics: Metrics::default(),
             stopping: AtomicBool::new(false),
             membership: Default::default(),
+            models: Default::default(),
         })
     }
 }

@@ -22,6 +22,7 @@
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
 pub mod engine;
+pub mod hostile_http;
 pub mod http;
 pub mod kv;
 pub mod kv_sync;
