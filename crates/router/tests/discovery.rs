@@ -51,34 +51,30 @@ async fn a_worker_that_stalls_after_headers_does_not_keep_the_router_from_servin
     stalled.on("/server_info", Reply::StallAfterHeaders { declared: 4096 });
     let port = free_port_block(1).unwrap();
     let urls = vec![engine.url(), stalled.url()];
-    // `start` returns once every worker's discovery has ended; the router serves before that.
-    let starting = tokio::spawn(loadlink_router::start(loadlink_router::RouterConfig {
+    let mut cfg = loadlink_router::RouterConfig {
         worker_urls: urls,
         policy: loadlink_router::Policy::PowerOfTwo,
-        ..{
-            let mut c = loadlink_router::RouterConfig::default();
-            quick_discovery(&mut c, port);
-            c
-        }
-    }));
+        ..Default::default()
+    };
+    quick_discovery(&mut cfg, port);
+    // `start` returns once every worker's discovery has ended; the router serves before that.
+    let starting = tokio::time::timeout(Duration::from_secs(30), loadlink_router::start(cfg));
     let base = format!("http://127.0.0.1:{port}");
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    wait_for("the healthy engine serves through the router", 15, || async {
+    let serving = wait_for("the healthy engine serves through the router", 15, || async {
         let resp = c
             .post(format!("{base}/v1/completions"))
             .json(&json!({"prompt": "hi", "max_tokens": 4}))
             .send()
             .await;
         matches!(resp, Ok(r) if r.status().is_success())
-    })
-    .await;
-    let r = tokio::time::timeout(Duration::from_secs(30), starting)
-        .await
+    });
+    let (started, ()) = tokio::join!(starting, serving);
+    let r = started
         .expect("start ends within the discovery budget")
-        .unwrap()
         .expect("router starts");
     let w = worker_json(&c, &r.url(), &stalled.url()).await;
     let reason = w["no_load_reason"].as_str().unwrap_or_default();
