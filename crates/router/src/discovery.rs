@@ -136,7 +136,11 @@ enum Retry {
     No(String),
 }
 
-async fn fetch_once(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Result<Bytes, Retry> {
+async fn fetch_once(
+    client: &HttpClient,
+    url: &str,
+    limits: &DiscoveryLimits,
+) -> Result<Bytes, Retry> {
     let answer = match bounded_get(client, &format!("{url}/server_info"), limits.fetch).await {
         Ok(a) => a,
         Err(e) => {
@@ -149,7 +153,9 @@ async fn fetch_once(client: &HttpClient, url: &str, limits: &DiscoveryLimits) ->
                 (PeerFetchError::TooLarge { .. }, Some(r)) => {
                     Retry::No(format!("GET /server_info refused ({}): {e}", r.as_str()))
                 }
-                (_, Some(r)) => Retry::Yes(format!("GET /server_info refused ({}): {e}", r.as_str())),
+                (_, Some(r)) => {
+                    Retry::Yes(format!("GET /server_info refused ({}): {e}", r.as_str()))
+                }
                 _ => Retry::Yes(format!("GET /server_info: {e}")),
             });
         }

@@ -30,8 +30,8 @@ use hickory_resolver::error::{ResolveError, ResolveErrorKind};
 use std::collections::{BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A DNS name whose records are workers (`--worker-dns NAME:PORT`, or `srv:NAME` for SRV).
@@ -475,9 +475,17 @@ mod tests {
         assert_eq!(a.answer(set(&["http://a:1"]), 3), &set(&["http://a:1"]));
         assert_eq!(a.answer(set(&[]), 3), &set(&["http://a:1"]));
         assert_eq!(a.answer(set(&[]), 3), &set(&["http://a:1"]));
-        assert_eq!(a.answer(set(&[]), 3), &set(&[]), "the third empty answer applies");
+        assert_eq!(
+            a.answer(set(&[]), 3),
+            &set(&[]),
+            "the third empty answer applies"
+        );
         assert_eq!(a.answer(set(&["http://b:2"]), 3), &set(&["http://b:2"]));
-        assert_eq!(a.answer(set(&[]), 3), &set(&["http://b:2"]), "the count restarts");
+        assert_eq!(
+            a.answer(set(&[]), 3),
+            &set(&["http://b:2"]),
+            "the count restarts"
+        );
         assert_eq!(a.answer(set(&[]), 0), &set(&[]), "0: at once");
     }
 }

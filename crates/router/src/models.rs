@@ -42,10 +42,10 @@ pub async fn union(State(st): State<Arc<AppState>>) -> Response {
 /// The merged list: the kept one while fresh, else a new fan-out (one at a time).
 async fn merged(st: &AppState) -> Option<Arc<Value>> {
     let mut last = st.models.last.lock().await;
-    if let Some((at, list)) = &*last {
-        if at.elapsed() < MODELS_CACHE_TTL {
-            return list.clone();
-        }
+    if let Some((at, list)) = &*last
+        && at.elapsed() < MODELS_CACHE_TTL
+    {
+        return list.clone();
     }
     let list = fan_out(st).await;
     *last = Some((Instant::now(), list.clone()));
@@ -95,7 +95,11 @@ async fn ask(st: &AppState, w: &crate::book::Worker) -> Option<Vec<Value>> {
     if !answer.status.is_success() {
         return None;
     }
-    match serde_json::from_slice::<Value>(&answer.body).ok()?.get_mut("data")?.take() {
+    match serde_json::from_slice::<Value>(&answer.body)
+        .ok()?
+        .get_mut("data")?
+        .take()
+    {
         Value::Array(a) => Some(a),
         _ => None,
     }

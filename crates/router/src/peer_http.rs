@@ -96,7 +96,8 @@ async fn exchange(
     // Grows with what arrives, never past the cap: a declared length is not trusted for capacity.
     let mut buf = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| PeerFetchError::Transport(format!("reading the body: {e}")))?;
+        let frame =
+            frame.map_err(|e| PeerFetchError::Transport(format!("reading the body: {e}")))?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > max_body {
                 return Err(too_large);

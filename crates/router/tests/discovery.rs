@@ -64,14 +64,18 @@ async fn a_worker_that_stalls_after_headers_does_not_keep_the_router_from_servin
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let serving = wait_for("the healthy engine serves through the router", 15, || async {
-        let resp = c
-            .post(format!("{base}/v1/completions"))
-            .json(&json!({"prompt": "hi", "max_tokens": 4}))
-            .send()
-            .await;
-        matches!(resp, Ok(r) if r.status().is_success())
-    });
+    let serving = wait_for(
+        "the healthy engine serves through the router",
+        15,
+        || async {
+            let resp = c
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": "hi", "max_tokens": 4}))
+                .send()
+                .await;
+            matches!(resp, Ok(r) if r.status().is_success())
+        },
+    );
     let (started, ()) = tokio::join!(starting, serving);
     let r = started
         .expect("start ends within the discovery budget")

@@ -336,7 +336,10 @@ async fn a_failing_name_does_not_freeze_the_others() {
         urls(&c, &r.url()).await == [e8.url()]
     })
     .await;
-    assert!(r.state.membership.errors.load(Relaxed) > 0, "the other fails");
+    assert!(
+        r.state.membership.errors.load(Relaxed) > 0,
+        "the other fails"
+    );
     r.stop().await;
     e8.stop().await;
 }
@@ -345,10 +348,9 @@ async fn a_failing_name_does_not_freeze_the_others() {
 async fn removals_do_not_wait_behind_a_stalled_record() {
     let port = port_on(&[9, 10]);
     let e9 = engine_at(9, port).await;
-    let stalled = loadlink_testkit::hostile_http::HostileWorker::start_at(&format!(
-        "127.0.0.10:{port}"
-    ))
-    .await;
+    let stalled =
+        loadlink_testkit::hostile_http::HostileWorker::start_at(&format!("127.0.0.10:{port}"))
+            .await;
     stalled.on(
         "/server_info",
         loadlink_testkit::hostile_http::Reply::StallAfterHeaders { declared: 4096 },
@@ -374,9 +376,11 @@ async fn removals_do_not_wait_behind_a_stalled_record() {
     })
     .await;
     dns.set(&[loopback(10)]).await;
-    wait_for("the dropped engine leaves while the stalled add runs", 10, || async {
-        urls(&c, &r.url()).await.is_empty()
-    })
+    wait_for(
+        "the dropped engine leaves while the stalled add runs",
+        10,
+        || async { urls(&c, &r.url()).await.is_empty() },
+    )
     .await;
     r.stop().await;
     e9.stop().await;
