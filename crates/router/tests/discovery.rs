@@ -49,8 +49,16 @@ async fn a_worker_that_stalls_after_headers_does_not_keep_the_router_from_servin
     let engine = loadlink_testkit::engine(|_| {}).await;
     let stalled = HostileWorker::start().await;
     stalled.on("/server_info", Reply::StallAfterHeaders { declared: 4096 });
+    let dribbling = HostileWorker::start().await;
+    dribbling.on(
+        "/server_info",
+        Reply::Dribble {
+            body: vec![b' '; 4096],
+            every: Duration::from_millis(100),
+        },
+    );
     let port = free_port_block(1).unwrap();
-    let urls = vec![engine.url(), stalled.url()];
+    let urls = vec![engine.url(), stalled.url(), dribbling.url()];
     let mut cfg = loadlink_router::RouterConfig {
         worker_urls: urls,
         policy: loadlink_router::Policy::PowerOfTwo,
@@ -80,10 +88,12 @@ async fn a_worker_that_stalls_after_headers_does_not_keep_the_router_from_servin
     let r = started
         .expect("start ends within the discovery budget")
         .expect("router starts");
-    let w = worker_json(&c, &r.url(), &stalled.url()).await;
-    let reason = w["no_load_reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("timed_out"), "{w}");
-    assert!(r.state.fleet.refusals.get(Refusal::TimedOut) >= 1);
+    for hostile in [&stalled, &dribbling] {
+        let w = worker_json(&c, &r.url(), &hostile.url()).await;
+        let reason = w["no_load_reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("timed_out"), "{w}");
+    }
+    assert!(r.state.fleet.refusals.get(Refusal::TimedOut) >= 2);
     r.stop().await;
     engine.stop().await;
 }
@@ -95,7 +105,7 @@ async fn an_oversized_server_info_is_refused_with_a_reason() {
         "/server_info",
         Reply::Oversized {
             bytes: 8 << 20,
-            declared: false,
+            declared: true,
         },
     );
     let r = router(vec![big.url()], LoadSignal::Inflight, |c| {

@@ -385,3 +385,40 @@ async fn removals_do_not_wait_behind_a_stalled_record() {
     r.stop().await;
     e9.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_file_never_removes_a_worker_it_did_not_add() {
+    let (a, b, c2) = (
+        loadlink_testkit::engine(|_| {}).await,
+        loadlink_testkit::engine(|_| {}).await,
+        loadlink_testkit::engine(|_| {}).await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workers.txt");
+    // `a` is a static worker that the file lists too.
+    std::fs::write(&file, format!("{}\n{}\n", a.url(), b.url())).unwrap();
+    let r = router(vec![a.url()], LoadSignal::Inflight, |cfg| {
+        cfg.membership.urls_file = Some(file.clone());
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let mut both = [a.url(), b.url()];
+    both.sort();
+    wait_for("the file's worker joins the static one", 20, || async {
+        urls(&c, &r.url()).await == both
+    })
+    .await;
+    std::fs::write(&file, format!("{}\n", c2.url())).unwrap();
+    let mut after = [a.url(), c2.url()];
+    after.sort();
+    wait_for(
+        "the file's own worker is replaced and the static one stays",
+        20,
+        || async { urls(&c, &r.url()).await == after },
+    )
+    .await;
+    r.stop().await;
+    for e in [a, b, c2] {
+        e.stop().await;
+    }
+}
