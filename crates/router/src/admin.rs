@@ -5,6 +5,7 @@
 //! a worker without a KV-event stream).
 
 use crate::book::Worker;
+use crate::discovery::DiscoveryLimits;
 use crate::fleet::{discover, validate_url};
 use crate::state::{AppState, error_response};
 use axum::body::Bytes;
@@ -156,7 +157,8 @@ pub async fn add_worker(
         Ok(u) => u,
         Err(r) => return r,
     };
-    let d = discover(&st.client, &url, st.cfg.discovery_attempts).await;
+    // Bounded: attempts × `Budgets::discovery_timeout`, whatever the worker sends.
+    let d = discover(&st.client, &url, &DiscoveryLimits::of(&st)).await;
     let w = st.fleet.add(&url, d);
     (StatusCode::CREATED, axum::Json(worker_json(&st, &w))).into_response()
 }

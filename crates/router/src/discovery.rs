@@ -3,13 +3,21 @@
 //! sockets `/server_info` advertises) is preferred; a worker without them is probed for an HTTP
 //! load source ([`crate::poll::probe`]: `/v1/loads`, then `/metrics`); with neither it is priced on
 //! in-flight, and the reasons say why.
+//!
+//! Every fetch is bounded in total time and body size ([`crate::peer_http`], the
+//! `Budgets::discovery_*` values): a worker that stalls after its headers, dribbles or sends an
+//! oversized body is given up on with a reason (counted fleet-wide as a refusal, and shown as the
+//! worker's `no_load_reason`), never waited on for ever.
 
+use crate::budget::{Budgets, RefusalCounts};
 use crate::fleet::HttpClient;
+use crate::peer_http::{FetchBudget, PeerFetchError, bounded_get};
 use crate::poll::Polled;
+use crate::state::AppState;
 use axum::body::Bytes;
-use http_body_util::Full;
 use loadlink_wire::descriptor::LoadEndpoint;
 use loadlink_wire::discovery::{KvStreams, NoLoad, kv_streams, load_endpoints, worker_url};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What discovery learned about a worker.
@@ -49,26 +57,62 @@ impl Discovery {
     }
 }
 
+/// How discovery may fetch: attempts, the budget of each attempt, and where refusals count.
+#[derive(Debug, Clone)]
+pub struct DiscoveryLimits {
+    /// Attempts at `GET /server_info` (`--discovery-attempts`).
+    pub attempts: u32,
+    /// One attempt: connect to last body byte, and the body's size
+    /// ([`Budgets::discovery_timeout`], [`Budgets::discovery_body_bytes`]).
+    pub fetch: FetchBudget,
+    /// Fleet-wide refusal counts (there is no `Worker` yet during discovery).
+    pub refusals: Option<Arc<RefusalCounts>>,
+}
+
+impl DiscoveryLimits {
+    /// `attempts` attempts within `budgets`, counting refusals nowhere.
+    pub fn new(attempts: u32, budgets: &Budgets) -> Self {
+        DiscoveryLimits {
+            attempts,
+            fetch: FetchBudget {
+                timeout: budgets.discovery_timeout,
+                max_body: budgets.discovery_body_bytes,
+            },
+            refusals: None,
+        }
+    }
+
+    /// The router's own limits: its configured attempts and budgets, refusals counted fleet-wide.
+    pub fn of(st: &AppState) -> Self {
+        DiscoveryLimits {
+            refusals: Some(st.fleet.refusals.clone()),
+            ..DiscoveryLimits::new(st.cfg.discovery_attempts, &st.cfg.budgets)
+        }
+    }
+}
+
 /// Why `GET /server_info` gave no body to interpret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FetchError {
-    /// A 4xx or an unusable URL: asking again will not help.
+    /// A 4xx, an oversized body or an unusable URL: asking again will not help.
     #[error("{0}; not retried")]
     Final(String),
     #[error("discovery failed after {attempts} attempts: {last}")]
     GaveUp { attempts: u32, last: String },
 }
 
-/// Fetches `url`'s `/server_info` body with up to `attempts` tries and exponential backoff;
-/// 4xx answers are not retried.
+/// Fetches `url`'s `/server_info` body with up to `limits.attempts` tries and exponential
+/// backoff, each try bounded in time and size ([`crate::peer_http`]). 4xx answers and oversized
+/// bodies are not retried; a refused answer is counted in `limits.refusals`.
 pub async fn fetch_server_info(
     client: &HttpClient,
     url: &str,
-    attempts: u32,
+    limits: &DiscoveryLimits,
 ) -> Result<Bytes, FetchError> {
+    let attempts = limits.attempts.max(1);
     let mut delay = Duration::from_millis(100);
     let mut last = String::new();
-    for attempt in 0..attempts.max(1) {
+    for attempt in 0..attempts {
         if attempt > 0 {
             // ±50% jitter: workers that failed together do not retry together.
             let h = (url.len() as u64 ^ attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -77,7 +121,7 @@ pub async fn fetch_server_info(
             tokio::time::sleep(Duration::from_millis(ms / 2 + (h >> 33) % ms.max(1))).await;
             delay = (delay * 2).min(Duration::from_secs(2));
         }
-        match fetch_once(client, url).await {
+        match fetch_once(client, url, limits).await {
             Ok(body) => return Ok(body),
             Err(Retry::No(why)) => return Err(FetchError::Final(why)),
             Err(Retry::Yes(why)) => last = why,
@@ -92,27 +136,38 @@ enum Retry {
     No(String),
 }
 
-async fn fetch_once(client: &HttpClient, url: &str) -> Result<Bytes, Retry> {
-    let req = hyper::Request::get(format!("{url}/server_info"))
-        .body(Full::default())
-        .map_err(|e| Retry::No(format!("bad worker URL: {e}")))?;
-    let resp = match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(Retry::Yes(format!("GET /server_info: {e}"))),
-        Err(_) => return Err(Retry::Yes("GET /server_info: timed out after 5 s".into())),
+async fn fetch_once(
+    client: &HttpClient,
+    url: &str,
+    limits: &DiscoveryLimits,
+) -> Result<Bytes, Retry> {
+    let answer = match bounded_get(client, &format!("{url}/server_info"), limits.fetch).await {
+        Ok(a) => a,
+        Err(e) => {
+            let refusal = e.refusal();
+            if let (Some(r), Some(counts)) = (refusal, &limits.refusals) {
+                counts.add(r, 1);
+            }
+            return Err(match (&e, refusal) {
+                (PeerFetchError::BadUrl { .. }, _) => Retry::No(format!("GET /server_info: {e}")),
+                (PeerFetchError::TooLarge { .. }, Some(r)) => {
+                    Retry::No(format!("GET /server_info refused ({}): {e}", r.as_str()))
+                }
+                (_, Some(r)) => {
+                    Retry::Yes(format!("GET /server_info refused ({}): {e}", r.as_str()))
+                }
+                _ => Retry::Yes(format!("GET /server_info: {e}")),
+            });
+        }
     };
-    let status = resp.status();
-    let body = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .map_err(|e| Retry::Yes(format!("GET /server_info: reading the body: {e}")))?
-        .to_bytes();
+    let status = answer.status;
     if status.is_client_error() {
         return Err(Retry::No(format!("GET /server_info answered {status}")));
     }
     if !status.is_success() {
         return Err(Retry::Yes(format!("GET /server_info answered {status}")));
     }
-    Ok(body)
+    Ok(answer.body)
 }
 
 /// Bound on each request of a load-source probe at discovery.
@@ -122,8 +177,8 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// protocol's one discovery function (a malformed body is not retried). Push (load sockets) is
 /// preferred; without them the worker is probed for `/v1/loads`, then `/metrics`
 /// ([`crate::poll::probe`]); with neither it is priced on in-flight, with every reason.
-pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
-    let mut d = discover_push(client, url, attempts).await;
+pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
+    let mut d = discover_push(client, url, limits).await;
     if d.endpoints.is_empty() {
         match crate::poll::probe(client, url, PROBE_TIMEOUT).await {
             Ok(p) => d.poll = Some(p),
@@ -137,8 +192,8 @@ pub async fn discover(client: &HttpClient, url: &str, attempts: u32) -> Discover
 }
 
 /// The load sockets `/server_info` advertises, or why none.
-async fn discover_push(client: &HttpClient, url: &str, attempts: u32) -> Discovery {
-    let body = match fetch_server_info(client, url, attempts).await {
+async fn discover_push(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
+    let body = match fetch_server_info(client, url, limits).await {
         Ok(b) => b,
         Err(e) => return Discovery::nothing(e.to_string()),
     };

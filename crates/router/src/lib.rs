@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod membership;
 pub mod metrics;
 pub mod models;
+pub mod peer_http;
 pub mod policy;
 pub mod poll;
 pub mod proxy;

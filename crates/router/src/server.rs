@@ -3,6 +3,7 @@
 //! health checks, and shuts down gracefully (open streams finish first).
 
 pub use crate::config::RouterConfig;
+use crate::discovery::DiscoveryLimits;
 use crate::fleet::discover;
 use crate::state::{AppState, error_response};
 use crate::{admin, dashboard, metrics, proxy};
@@ -79,9 +80,14 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
         .map_err(RouterError::WorkerUrl)?;
     let (listener, local) = bind(&cfg.bind_addr()).await?;
     let state = Arc::new(AppState::new(cfg).map_err(RouterError::Tokenizer)?);
-    add_workers(&state, &urls).await?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // Serving starts before discovery: each worker is routable once its own discovery is done.
     let server = tokio::spawn(serve(listener, app(state.clone()), rx));
+    if let Err(e) = add_workers(&state, &urls).await {
+        let _ = tx.send(());
+        let _ = server.await;
+        return Err(e);
+    }
     let health = tokio::spawn(health_loop(state.clone()));
     let probe = state.executor.spawn(crate::executor_probe::PERIOD);
     let membership = crate::membership::spawn(&state);
@@ -114,31 +120,56 @@ async fn bind(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), Route
     Ok((listener, local))
 }
 
-/// Discovers the workers (at most `discovery_concurrency` at once), checks that the process may
-/// hold their sockets (raising the soft descriptor limit, or refusing with the figure), sizes the
-/// libzmq context, and adds them to the fleet.
+/// Discovers the workers (at most `discovery_concurrency` at once, each bounded by its
+/// discovery budget) and adds each to the fleet as soon as its own discovery ends, so a slow or
+/// stalled worker delays nobody. Before each add it checks that the process may hold the sockets
+/// found so far (raising the soft descriptor limit, or refusing with the figure).
+///
+/// The libzmq context is sized at the fleet's first add ([`crate::fleet::Fleet::reserve`]); it
+/// is sized then for the URLs still to come as if each held as many sockets as the largest worker
+/// seen so far (a fleet is usually uniform).
 async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterError> {
     use futures_util::StreamExt;
-    let attempts = state.cfg.discovery_attempts;
-    let discoveries: Vec<_> = futures_util::stream::iter(urls)
-        .map(|u| discover(&state.client, u, attempts))
-        .buffered(state.cfg.discovery_concurrency.max(1))
-        .collect()
-        .await;
-    let ranks: usize = discoveries.iter().map(|d| d.endpoints.len()).sum();
-    let kv_ranks: usize = discoveries.iter().map(|d| d.kv_ranks()).sum();
-    let sockets: usize = discoveries.iter().map(|d| d.sockets()).sum();
+    let limits = DiscoveryLimits::of(state);
+    let concurrency = state.cfg.discovery_concurrency.max(1);
+    let mut queued = urls.iter();
+    let mut running = futures_util::stream::FuturesUnordered::new();
+    let (mut added, mut ranks, mut kv_ranks, mut sockets, mut widest) = (0, 0, 0, 0, 0);
+    loop {
+        while running.len() < concurrency {
+            let Some(url) = queued.next() else { break };
+            running.push(discover_one(state, url, &limits));
+        }
+        let Some((url, d)) = running.next().await else {
+            break;
+        };
+        added += 1;
+        ranks += d.endpoints.len();
+        kv_ranks += d.kv_ranks();
+        sockets += d.sockets();
+        widest = widest.max(d.sockets());
+        state.fleet.reserve(sockets + (urls.len() - added) * widest);
+        crate::fdlimit::ensure(crate::fdlimit::descriptors_needed_with_kv(
+            added, ranks, kv_ranks,
+        ))?;
+        state.fleet.add(url, d);
+    }
     let needed = crate::fdlimit::descriptors_needed_with_kv(urls.len(), ranks, kv_ranks);
-    let soft = crate::fdlimit::ensure(needed)?;
     tracing::info!(
-        "{} workers, {ranks} load and {kv_ranks} KV-event subscriptions: {needed} file descriptors needed, soft limit {soft}",
+        "{} workers, {ranks} load and {kv_ranks} KV-event subscriptions: {needed} file descriptors needed",
         urls.len()
     );
-    state.fleet.reserve(sockets);
-    for (u, d) in urls.iter().zip(discoveries) {
-        state.fleet.add(u, d);
-    }
     Ok(())
+}
+
+/// `url` with its discovery (a named function: a closure here would not be `Send` for every
+/// lifetime, and `start` must stay spawnable).
+async fn discover_one<'a>(
+    state: &AppState,
+    url: &'a str,
+    limits: &DiscoveryLimits,
+) -> (&'a str, crate::discovery::Discovery) {
+    (url, discover(&state.client, url, limits).await)
 }
 
 /// `GET /readiness`: 200 while the router takes traffic and has a worker that may take it; 503

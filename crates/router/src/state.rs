@@ -32,12 +32,17 @@ pub struct AppState {
     pub stopping: AtomicBool,
     /// Counters of the watched file and DNS sources.
     pub membership: crate::membership::MembershipStats,
+    /// The merged `/v1/models` answer, kept briefly ([`crate::models`]).
+    pub models: crate::models::ModelsCache,
 }
 
 impl AppState {
     /// The state for `cfg`; fails only when `--tokenizer` cannot be loaded.
     pub fn new(cfg: RouterConfig) -> Result<Self, String> {
-        let cache = Arc::new(CacheBook::new(cfg.kv_index_max_blocks).with_rank_quota(cfg.budgets.index_blocks_per_rank));
+        let cache = Arc::new(
+            CacheBook::new(cfg.kv_index_max_blocks)
+                .with_rank_quota(cfg.budgets.index_blocks_per_rank),
+        );
         let prefix = PrefixSettings {
             tokenizer: RouterTokenizer::load(cfg.tokenizer.as_deref())?,
             page_size: cfg.page_size.max(1),
@@ -58,6 +63,7 @@ impl AppState {
             executor: Arc::default(),
             stopping: AtomicBool::new(false),
             membership: Default::default(),
+            models: Default::default(),
         })
     }
 }

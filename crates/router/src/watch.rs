@@ -59,7 +59,8 @@ pub async fn resolve(targets: &[String]) -> Result<Vec<WatchedSocket>, WatchErro
             continue;
         }
         let url = worker_url(target).map_err(WatchError::Target)?;
-        let found = discover(&client, &url, 1).await;
+        let limits = crate::discovery::DiscoveryLimits::new(1, &Default::default());
+        let found = discover(&client, &url, &limits).await;
         if let Some(reason) = found.no_load_reason {
             return Err(WatchError::NoLoad { url, reason });
         }

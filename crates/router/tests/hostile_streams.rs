@@ -239,7 +239,12 @@ async fn a_kv_host_advertised_by_a_worker_is_not_dialled_unless_trusted() {
         loadlink_testkit::router::serve_loopback(loadlink_testkit::router::server_info_app(info))
             .await;
     let client = loadlink_router::fleet::http_client();
-    let d = loadlink_router::fleet::discover(&client, &url, 3).await;
+    let d = loadlink_router::fleet::discover(
+        &client,
+        &url,
+        &loadlink_router::discovery::DiscoveryLimits::new(3, &Default::default()),
+    )
+    .await;
     let book = Arc::new(CacheBook::default());
     let fleet = Fleet::with_cache(1, book.clone());
     let w = fleet.add(&url, d);
@@ -263,7 +268,12 @@ async fn a_kv_host_advertised_by_a_worker_is_not_dialled_unless_trusted() {
         trust_advertised_hosts: true,
         ..Budgets::default()
     });
-    let d = loadlink_router::fleet::discover(&client, &url, 3).await;
+    let d = loadlink_router::fleet::discover(
+        &client,
+        &url,
+        &loadlink_router::discovery::DiscoveryLimits::new(3, &Default::default()),
+    )
+    .await;
     let w = trusting.add(&url, d);
     assert_eq!(w.refusals.counts().get(Refusal::UntrustedHost), 1);
     assert!(w.refusals.last().unwrap().contains("not routable"));

@@ -23,6 +23,7 @@
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
 pub mod engine;
+pub mod hostile_http;
 pub mod hostile_pub;
 pub mod http;
 pub mod kv;

@@ -107,7 +107,13 @@ impl Ingest {
         for i in 0..threads.max(1) {
             let (tx, rx) = mpsc::channel();
             let bell = Arc::new(Doorbell::new()?);
-            let lp = Loop::new(rx, bell.clone(), stats.clone(), ctx.clone(), wakeup_messages)?;
+            let lp = Loop::new(
+                rx,
+                bell.clone(),
+                stats.clone(),
+                ctx.clone(),
+                wakeup_messages,
+            )?;
             let thread = std::thread::Builder::new()
                 .name(format!("ingest-{i}"))
                 .spawn(move || lp.run())?;
