@@ -7,7 +7,7 @@
 //! ingest thread as its load sockets and feed the fleet's [`CacheBook`], which gives each
 //! (worker, rank) a slot at `add` and clears it at `remove`.
 
-use crate::book::{LoadSignal, LoadSourceKind, Worker};
+use crate::book::{LoadSignal, Worker};
 use crate::cache::CacheBook;
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
@@ -219,17 +219,17 @@ impl Fleet {
         if let Some(r) = &reason {
             tracing::warn!(worker = url, "routing on in-flight only: {r}");
         }
-        let (ranks, kind) = match polled {
-            Some(p) => (p.ranks, p.kind),
-            None => (d.endpoints.len(), LoadSourceKind::Push),
+        let worker = match polled {
+            // Ranks get slots as they report, up to the advertised dp_size or --max-ranks.
+            Some(p) => {
+                let dp_size = d.kv.as_ref().ok().map(|k| k.endpoints.len());
+                let bound = self.polling.rank_bound(dp_size);
+                Worker::sparse(url.to_string(), bound, self.epoch).with_load_source(p.kind)
+            }
+            None => Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch),
         };
-        let worker = Worker::new(url.to_string(), ranks, reason, self.epoch);
         worker.refusals.attach(self.refusals.clone());
-        let worker = Arc::new(if ranks == 0 {
-            worker
-        } else {
-            worker.with_load_source(kind)
-        });
+        let worker = Arc::new(worker);
         let polled = worker.load_source.kind.polled();
         self.set_poller(url, polled.then_some(&worker));
         let kv = self.kv_subscription(&worker, d.kv);
