@@ -9,7 +9,12 @@ use loadlink_testkit::{router, wait_until, worker_json};
 use serde_json::Value;
 
 /// Waits until `url`'s `/workers` entry passes `check`; returns it.
-async fn wait_worker(r: &RouterHandle, url: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+async fn wait_worker(
+    r: &RouterHandle,
+    url: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
     let c = reqwest::Client::new();
     wait_until(what, 20, || async {
         let w = worker_json(&c, &r.url(), url).await;
@@ -43,7 +48,9 @@ async fn a_page_naming_dp_rank_2_pow_40_is_refused_and_the_rest_is_priced() {
     assert_eq!(w["ranks"][0]["rank"], 0, "{w}");
     let last = w["last_refusal"].as_str().unwrap_or_default();
     assert!(
-        last.starts_with("rank_out_of_range") && last.contains("1099511627776") && last.contains("1024"),
+        last.starts_with("rank_out_of_range")
+            && last.contains("1099511627776")
+            && last.contains("1024"),
         "names the rank and the bound: {w}"
     );
 }

@@ -65,7 +65,10 @@ pub fn vllm_metrics_body(engines: &[(u64, u64, u64)]) -> String {
         page.push_str(&format!("# HELP {name} Requests.\n# TYPE {name} gauge\n"));
         for e in engines {
             let v = if pick == 1 { e.1 } else { e.2 };
-            page.push_str(&format!("{name}{{engine=\"{}\",model_name=\"m\"}} {v}.0\n", e.0));
+            page.push_str(&format!(
+                "{name}{{engine=\"{}\",model_name=\"m\"}} {v}.0\n",
+                e.0
+            ));
         }
     }
     page

@@ -17,7 +17,10 @@ pub struct Breaker {
 impl Breaker {
     /// A failed attempt at `now`: opens the breaker after `threshold` in a row, for `cooldown_ms`.
     pub fn failed(&self, threshold: u64, cooldown_ms: u64, now: u64) {
-        let in_a_row = self.consecutive_failures.fetch_add(1, Relaxed).saturating_add(1);
+        let in_a_row = self
+            .consecutive_failures
+            .fetch_add(1, Relaxed)
+            .saturating_add(1);
         if in_a_row >= threshold {
             self.open_until_ms
                 .store(now.saturating_add(cooldown_ms), Relaxed);

@@ -52,19 +52,32 @@ fn seq_jumps_of_two_to_the_63_neither_panic_nor_wrap_the_counters() {
 #[test]
 fn extreme_and_negative_numbers_are_clamped_and_counted() {
     let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
-    for (seq, v) in [(0, i64::MAX), (1, i64::MIN), (2, i64::MAX), (3, -1), (4, i64::MAX)] {
+    for (seq, v) in [
+        (0, i64::MAX),
+        (1, i64::MIN),
+        (2, i64::MAX),
+        (3, -1),
+        (4, i64::MAX),
+    ] {
         w.record(0, seq, &extreme(v));
         w.record(1, seq, &extreme(v));
     }
     let l = w.load(LoadSignal::Engine, 60_000);
     assert_eq!(l.source, Source::Engine);
-    assert_eq!(l.requests, 4 * MAX_REPORTED, "two ranks, running + waiting each");
+    assert_eq!(
+        l.requests,
+        4 * MAX_REPORTED,
+        "two ranks, running + waiting each"
+    );
     assert!(l.tokens <= 2 * MAX_REPORTED * 1000, "{}", l.tokens);
     let _g: Vec<_> = (0..3).map(|_| InflightGuard::new(w.clone())).collect();
     let l = w.load(LoadSignal::Backlog, 60_000);
     assert!(l.score > 0, "no wrap to a negative score: {}", l.score);
     let p = w.pricing_at(LoadSignal::Backlog, 60_000, w.now_ms());
-    assert!(p.queued_tokens.is_some_and(|q| q >= 2 * MAX_REPORTED as u64 * 1000));
+    assert!(
+        p.queued_tokens
+            .is_some_and(|q| q >= 2 * MAX_REPORTED as u64 * 1000)
+    );
     assert!(
         p.us_per_token.is_finite() && p.us_per_token > 0.0,
         "{}",
@@ -97,7 +110,11 @@ fn prefill_counters_at_the_extremes_do_not_panic_or_poison_the_estimate() {
     assert_eq!(m.us_per_token(), None, "no nonsense sample was taken");
     m.observe(0, 0);
     m.observe(10_000, 2_000_000);
-    assert_eq!(m.us_per_token(), Some(200.0), "measures again after the garbage");
+    assert_eq!(
+        m.us_per_token(),
+        Some(200.0),
+        "measures again after the garbage"
+    );
 }
 
 #[test]
@@ -122,7 +139,11 @@ fn a_sparse_worker_keeps_only_reported_ranks_within_its_bound() {
     );
     assert!(w.apply_at(0, &extreme(1), w.now_ms()));
     let ids: Vec<usize> = w.ranks.iter().map(|r| r.rank).collect();
-    assert_eq!(ids, [3, 0], "one slot per reported rank, in the order they came");
+    assert_eq!(
+        ids,
+        [3, 0],
+        "one slot per reported rank, in the order they came"
+    );
     assert_eq!(w.load(LoadSignal::Engine, 60_000).requests, 6);
     assert_eq!(w.record(3, 7, &extreme(1)), SeqEvent::InOrder);
 }

@@ -29,10 +29,10 @@ pub use pricing::Pricing;
 pub use ranks::{RankOutOfRange, RankState, RankTable};
 pub use source::{LoadSourceKind, LoadSourceState};
 
+use crate::budget::Refusal;
 use loadlink_wire::{FrameError, LoadSnapshot};
 use prefill_rate::PRIOR_US_PER_TOKEN;
 use std::sync::Arc;
-use crate::budget::Refusal;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -320,10 +320,11 @@ impl Worker {
             r.prefill.observe(prefill_tokens, prefill_us);
         }
         if let Some((field, max)) = out_of_range {
-            self.refusals.refuse(Refusal::NumberOutOfRange, || match max {
-                0 => format!("rank {rank}: {field}: expected cumulative counters >= 0"),
-                _ => format!("rank {rank}: {field}: expected 0..={max} (clamped)"),
-            });
+            self.refusals
+                .refuse(Refusal::NumberOutOfRange, || match max {
+                    0 => format!("rank {rank}: {field}: expected cumulative counters >= 0"),
+                    _ => format!("rank {rank}: {field}: expected 0..={max} (clamped)"),
+                });
         }
         r.dispatch_mark
             .store(self.dispatched.load(Relaxed), Relaxed);
@@ -377,7 +378,9 @@ impl Worker {
         } else {
             // 0 <= prev < seq - 1: no overflow; the counter saturates rather than wraps.
             let missed = (seq - prev - 1) as u64;
-            let _ = r.gaps.fetch_update(Relaxed, Relaxed, |g| Some(g.saturating_add(missed)));
+            let _ = r
+                .gaps
+                .fetch_update(Relaxed, Relaxed, |g| Some(g.saturating_add(missed)));
             SeqEvent::Gap
         }
     }
@@ -453,7 +456,8 @@ impl Worker {
         if signal == LoadSignal::Inflight || age_ms > freshness_ms {
             return fallback(age_ms);
         }
-        let d = i64::try_from(self.dispatched.load(Relaxed).saturating_sub(mark)).unwrap_or(i64::MAX);
+        let d =
+            i64::try_from(self.dispatched.load(Relaxed).saturating_sub(mark)).unwrap_or(i64::MAX);
         let requests = f.max(e.saturating_add(d));
         let score = match signal {
             LoadSignal::Backlog => self

@@ -190,7 +190,11 @@ pub async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> Result<
 }
 
 /// [`probe`] within `cfg`'s timeout and body budget.
-pub async fn probe_with(client: &HttpClient, url: &str, cfg: &PollConfig) -> Result<Polled, String> {
+pub async fn probe_with(
+    client: &HttpClient,
+    url: &str,
+    cfg: &PollConfig,
+) -> Result<Polled, String> {
     let mut why = Vec::new();
     for kind in [LoadSourceKind::PollLoads, LoadSourceKind::ScrapeMetrics] {
         let got = match fetch(client, url, path(kind), cfg.timeout, cfg.max_body_bytes).await {
