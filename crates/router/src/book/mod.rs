@@ -344,17 +344,6 @@ impl Worker {
         });
     }
 
-    /// Counts a report that named a rank the router cannot hold (not even a `usize`): refused as
-    /// [`Refusal::RankOutOfRange`].
-    pub fn refuse_rank_number(&self, rank: i64) {
-        self.refusals.refuse(Refusal::RankOutOfRange, || {
-            format!(
-                "rank {rank} is not a rank number below the bound {}",
-                self.ranks.bound()
-            )
-        });
-    }
-
     /// Counts one received message of `rank` with sequence `seq` (decoded or not): message count,
     /// gaps and restarts. A negative seq is refused ([`Refusal::NumberOutOfRange`]) and leaves the
     /// rank's seq as it was.

@@ -265,12 +265,31 @@ async fn poll_once(worker: &Worker, client: &HttpClient, cfg: &PollConfig, seq: 
         Err(e) => return source.failed(e, false),
     };
     let now = worker.now_ms();
-    for s in &snaps {
-        let Ok(rank) = usize::try_from(s.dp_rank) else {
-            worker.refuse_rank_number(s.dp_rank);
+    let bound = worker.ranks.bound();
+    // The page is sorted by rank: the ranks past the bound are a tail, refused in one go (a page
+    // of a million ranks costs one refusal, not a million), and a rank listed twice is applied
+    // once (its last entry).
+    let within = snaps.partition_point(|s| usize::try_from(s.dp_rank).is_ok_and(|r| r < bound));
+    if let Some(first) = snaps.get(within) {
+        let beyond = snaps.len() - within;
+        worker.refusals.refuse(Refusal::RankOutOfRange, || {
+            format!(
+                "rank {} and {} more entries of the page are not below the bound {bound} (the \
+                 advertised dp_size, else --max-ranks)",
+                first.dp_rank,
+                beyond - 1
+            )
+        });
+    }
+    let page = &snaps[..within];
+    for (i, s) in page.iter().enumerate() {
+        if page
+            .get(i + 1)
+            .is_some_and(|next| next.dp_rank == s.dp_rank)
+        {
             continue;
-        };
-        // A rank beyond the worker's bound is refused (and counted) by the book.
+        }
+        let rank = s.dp_rank as usize; // below the bound, checked above
         if worker.apply_at(rank, s, now) {
             worker.account_seq(rank, seq);
         }
