@@ -1,6 +1,7 @@
 //! The `LoadBook`: the router's one owner of belief about load.
 //!
-//! For worker w with ranks R(w) it merges
+//! For worker w with ranks R(w) (its load sockets when pushed; the ranks its pages name, within a
+//! bound, when polled: [`ranks`]) it merges
 //! * E(w) = Σ ranks (running + waiting) from engine snapshots — valid only if **every** rank's last
 //!   message is younger than the freshness bound;
 //! * D(w) = requests this router dispatched to w after the oldest rank snapshot it combines with;
@@ -9,7 +10,12 @@
 //! into `Load(w) = max(F, E + D)` when E is valid, else `F` (source: fallback). Every field is an
 //! atomic, so the request path reads loads without locks or allocation, and a subscriber thread
 //! updates them without blocking it. Engine-reported numbers are clamped to
-//! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound.
+//! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound; every
+//! operation on a peer's number is checked or saturating (a debug build must not panic on any
+//! report), and what is clamped or dropped is counted as a refusal ([`crate::budget`]).
+//!
+//! Whether a worker may be tried at all is not load: its [`breaker`] and [`health`] live in their
+//! own types, held by the [`Worker`].
 //!
 //! For pricing in time ([`Worker::pricing_at`]) the book also keeps each rank's measured prefill
 //! speed ([`prefill_rate`]), its KV usage, and the prompt tokens this router dispatched since the
