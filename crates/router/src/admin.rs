@@ -31,7 +31,7 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "source": l.source.as_str(),
         "age_ms": if l.age_ms == u64::MAX { Value::Null } else { json!(l.age_ms) },
         "inflight": w.inflight(),
-        "healthy": w.healthy.load(Relaxed),
+        "healthy": w.is_healthy(),
         "breaker_open": w.breaker_open(),
         "no_load_reason": w.no_load_reason,
         "load_source": load_source,
@@ -44,7 +44,7 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "refusals": refusals_json(w),
         "last_refusal": w.refusals.last(),
         "ranks": w.ranks.iter().map(|r| json!({
-            "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
+            "rank": r.rank, "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
             "token_usage": f64::from_bits(r.token_usage_bits.load(Relaxed)),
             "seq": r.last_seq.load(Relaxed), "gaps": r.gaps.load(Relaxed), "restarts": r.restarts.load(Relaxed),
         })).collect::<Vec<_>>(),

@@ -104,6 +104,8 @@ impl RouterConfig {
         crate::poll::PollConfig {
             interval: std::time::Duration::from_millis(self.load_poll_interval_ms),
             timeout: std::time::Duration::from_millis(self.load_poll_timeout_ms.max(1)),
+            max_body_bytes: self.budgets.poll_body_bytes,
+            max_ranks: self.budgets.max_ranks,
         }
     }
 

@@ -21,7 +21,7 @@
 //! concurrent adds of a URL leave exactly one worker, and the loser's subscription and cache slots
 //! are released like any replaced worker's. Sockets are opened before, outside the lock.
 
-use crate::book::{LoadSignal, LoadSourceKind, Worker};
+use crate::book::{LoadSignal, Worker};
 use crate::budget::{Budgets, Refusal};
 use crate::cache::CacheBook;
 use crate::ingest::kv::KvSubscription;
@@ -329,17 +329,17 @@ impl Fleet {
         if let Some(r) = &reason {
             tracing::warn!(worker = url, "routing on in-flight only: {r}");
         }
-        let (ranks, kind) = match polled {
-            Some(p) => (p.ranks, p.kind),
-            None => (d.endpoints.len(), LoadSourceKind::Push),
+        let worker = match polled {
+            // Ranks get slots as they report, up to the advertised dp_size or --max-ranks.
+            Some(p) => {
+                let dp_size = d.kv.as_ref().ok().map(|k| k.endpoints.len());
+                let bound = self.polling.rank_bound(dp_size);
+                Worker::sparse(url.to_string(), bound, self.epoch).with_load_source(p.kind)
+            }
+            None => Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch),
         };
-        let worker = Worker::new(url.to_string(), ranks, reason, self.epoch);
         worker.refusals.attach(self.refusals.clone());
-        let worker = Arc::new(if ranks == 0 {
-            worker
-        } else {
-            worker.with_load_source(kind)
-        });
+        let worker = Arc::new(worker);
         let kv = match &refused {
             Some(why) => {
                 worker.refusals.refuse(Refusal::SocketLimit, || why.clone());

@@ -190,7 +190,7 @@ const WORKER_FAMILIES: [(&str, MetricType, &str, WorkerReading); 9] = [
         "loadlink_worker_healthy",
         MetricType::Gauge,
         "1 while health checks pass",
-        |w, _| w.healthy.load(Relaxed).into(),
+        |w, _| w.is_healthy().into(),
     ),
     (
         "loadlink_worker_routed_prompt_tokens_total",
@@ -256,11 +256,11 @@ fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
     for (name, help, read) in RANK_FAMILIES {
         let mut f = e.family(name, MetricType::Counter, help);
         for (w, _) in loads {
-            for (rank, r) in w.ranks.iter().enumerate() {
+            for r in w.ranks.iter() {
                 f.sample(
                     &RankLabels {
                         worker: &w.url,
-                        rank,
+                        rank: r.rank,
                     },
                     read(r),
                 );

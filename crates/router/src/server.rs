@@ -215,7 +215,7 @@ async fn health_loop(st: Arc<AppState>) {
         let workers = st.fleet.workers();
         let due = workers
             .iter()
-            .filter(|w| !(w.healthy.load(Relaxed) && stream_fresh(w, st.cfg.freshness_ms)));
+            .filter(|w| !(w.is_healthy() && stream_fresh(w, st.cfg.freshness_ms)));
         futures_util::stream::iter(due)
             .for_each_concurrent(HEALTH_CONCURRENCY, |w| check_health(&st, w))
             .await;
@@ -246,7 +246,7 @@ async fn check_health(st: &AppState, w: &Arc<crate::book::Worker>) {
         return;
     };
     let ok = matches!(tokio::time::timeout(Duration::from_secs(2), st.client.request(req)).await, Ok(Ok(r)) if r.status().is_success());
-    if w.healthy.swap(ok, Relaxed) != ok {
+    if w.set_healthy(ok) {
         tracing::warn!(worker = %w.url, "health check {}", if ok { "passes again" } else { "failed" });
     }
 }

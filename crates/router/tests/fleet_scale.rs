@@ -173,7 +173,7 @@ fn a_backlog_is_decoded_once_and_every_seq_is_accounted() {
         "every queued message received"
     );
     assert_eq!(d.decoded, 1, "only the newest is decoded");
-    let r = &w.ranks[0];
+    let r = w.ranks.get(0).expect("rank 0");
     assert_eq!(r.gaps.load(Relaxed), 5, "10..=14 skipped");
     assert_eq!(r.restarts.load(Relaxed), 1, "19 → 3 is a restart");
     assert_eq!(r.messages.load(Relaxed), seqs.len() as u64 + 1);

@@ -19,6 +19,8 @@
 //!   router miss batches on purpose).
 //! * [`replay`]: asks a KV-event publisher's replay socket for its buffered batches.
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
+//! * [`polled_worker`]: a fake polled worker whose `/v1/loads` or `/metrics` answers what the
+//!   test says, request by request (absurd ranks, huge bodies, stalls).
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
@@ -29,6 +31,7 @@ pub mod http;
 pub mod kv;
 pub mod kv_sync;
 pub mod metrics;
+pub mod polled_worker;
 pub mod pub_sink;
 pub mod replay;
 pub mod router;

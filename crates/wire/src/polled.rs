@@ -15,6 +15,7 @@ use crate::loads::snapshot_from_dict;
 use crate::prom::{Scrape, parse};
 use crate::snapshot::{CORE_SCALARS, LoadSnapshot};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 /// Why a polled body gave no load.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -188,7 +189,10 @@ pub fn loads_from_metrics(text: &str) -> Result<(MetricsFlavor, Vec<LoadSnapshot
         None => Ok(Vec::new()),
     };
     let (used, max) = (optional(n.used_tokens)?, optional(n.max_tokens)?);
-    let at = |v: &[(i64, f64)], r: i64| v.iter().find(|(k, _)| *k == r).map(|(_, x)| *x);
+    // Each list is sorted by rank: a lookup is a binary search, so a page of many ranks stays
+    // n log n.
+    let at =
+        |v: &[(i64, f64)], r: i64| v.binary_search_by_key(&r, |(k, _)| *k).ok().map(|i| v[i].1);
     running
         .iter()
         .map(|&(rank, run)| {
@@ -228,7 +232,9 @@ type SeriesKey<'a> = Vec<(&'a str, &'a str)>;
 /// differ only in [`REPLICA_LABELS`] give their maximum; series that differ otherwise (a
 /// `priority` label, say) are added.
 fn per_rank(page: &Scrape, name: &str, rank_label: &str) -> Result<Vec<(i64, f64)>, String> {
-    let mut groups: Vec<(i64, SeriesKey<'_>, f64)> = Vec::new();
+    // Ordered maps: one lookup per sample (linear-logarithmic in the page), and a sum order that
+    // does not depend on hashing.
+    let mut groups: BTreeMap<(i64, SeriesKey<'_>), f64> = BTreeMap::new();
     for s in page.samples(name) {
         let rank = match s.label(rank_label) {
             None => 0,
@@ -245,19 +251,18 @@ fn per_rank(page: &Scrape, name: &str, rank_label: &str) -> Result<Vec<(i64, f64
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         key.sort_unstable();
-        match groups.iter_mut().find(|(r, k, _)| *r == rank && *k == key) {
-            Some((_, _, v)) => *v = v.max(s.value),
-            None => groups.push((rank, key, s.value)),
-        }
+        groups
+            .entry((rank, key))
+            .and_modify(|v| *v = v.max(s.value))
+            .or_insert(s.value);
     }
     let mut out: Vec<(i64, f64)> = Vec::new();
-    for (rank, _, v) in groups {
-        match out.iter_mut().find(|(r, _)| *r == rank) {
-            Some((_, sum)) => *sum += v,
-            None => out.push((rank, v)),
+    for ((rank, _), v) in groups {
+        match out.last_mut() {
+            Some((r, sum)) if *r == rank => *sum += v,
+            _ => out.push((rank, v)),
         }
     }
-    out.sort_by_key(|(k, _)| *k);
     Ok(out)
 }
 

@@ -1,6 +1,7 @@
 //! The `LoadBook`: the router's one owner of belief about load.
 //!
-//! For worker w with ranks R(w) it merges
+//! For worker w with ranks R(w) (its load sockets when pushed; the ranks its pages name, within a
+//! bound, when polled: [`ranks`]) it merges
 //! * E(w) = Σ ranks (running + waiting) from engine snapshots — valid only if **every** rank's last
 //!   message is younger than the freshness bound;
 //! * D(w) = requests this router dispatched to w after the oldest rank snapshot it combines with;
@@ -9,24 +10,36 @@
 //! into `Load(w) = max(F, E + D)` when E is valid, else `F` (source: fallback). Every field is an
 //! atomic, so the request path reads loads without locks or allocation, and a subscriber thread
 //! updates them without blocking it. Engine-reported numbers are clamped to
-//! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound.
+//! [`MAX_REPORTED`] so one lying worker cannot attract or repel traffic without bound; every
+//! operation on a peer's number is checked or saturating (a debug build must not panic on any
+//! report), and what is clamped or dropped is counted as a refusal ([`crate::budget`]).
+//!
+//! Whether a worker may be tried at all is not load: its [`breaker`] and [`health`] live in their
+//! own types, held by the [`Worker`].
 //!
 //! For pricing in time ([`Worker::pricing_at`]) the book also keeps each rank's measured prefill
 //! speed ([`prefill_rate`]), its KV usage, and the prompt tokens this router dispatched since the
 //! snapshot (counted per dispatch by [`InflightGuard::with_tokens`], [`DISPATCH_TOKENS_GUESS`] per
 //! dispatch that does not say).
 
+mod breaker;
+mod health;
 pub mod prefill_rate;
 mod pricing;
+pub mod ranks;
 pub mod source;
 
+pub use breaker::Breaker;
+pub use health::Health;
 pub use pricing::Pricing;
+pub use ranks::{RankOutOfRange, RankState, RankTable};
 pub use source::{LoadSourceKind, LoadSourceState};
 
+use crate::budget::Refusal;
 use loadlink_wire::{FrameError, LoadSnapshot};
-use prefill_rate::{PRIOR_US_PER_TOKEN, PrefillRate};
+use prefill_rate::PRIOR_US_PER_TOKEN;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 /// Largest per-rank request count (and 1000× that for tokens) believed from an engine.
@@ -105,31 +118,6 @@ pub struct Load {
     pub age_ms: u64,
 }
 
-/// One DP rank's latest report.
-#[derive(Debug, Default)]
-pub struct RankState {
-    /// ms since the book's epoch when the last message arrived; 0 = never.
-    received_ms: AtomicU64,
-    requests: AtomicI64,
-    tokens: AtomicI64,
-    /// The worker's dispatch counter when that message arrived.
-    dispatch_mark: AtomicU64,
-    pub last_seq: AtomicI64,
-    pub messages: AtomicU64,
-    pub gaps: AtomicU64,
-    pub restarts: AtomicU64,
-    pub running: AtomicI64,
-    pub waiting: AtomicI64,
-    /// Prompt tokens waiting for prefill (`num_waiting_uncached_tokens`).
-    pub backlog: AtomicI64,
-    /// f64 bits of the KV token usage (0–1).
-    pub token_usage_bits: AtomicU64,
-    /// The rank's measured prefill speed.
-    pub prefill: PrefillRate,
-    /// The worker's dispatched-token counter when that message arrived.
-    tokens_mark: AtomicU64,
-}
-
 /// Why a worker is on the fallback signal no matter what (shown in `/workers` and metrics).
 pub type FallbackReason = Option<String>;
 
@@ -137,7 +125,9 @@ pub type FallbackReason = Option<String>;
 #[derive(Debug)]
 pub struct Worker {
     pub url: String,
-    pub ranks: Vec<RankState>,
+    /// Its DP ranks: dense for a pushed worker, claimed on first report for a polled one
+    /// ([`ranks`]).
+    pub ranks: RankTable,
     /// Set when the worker advertises no load range (or discovery failed); static per worker.
     pub no_load_reason: FallbackReason,
     /// Where its engine load comes from, and how the polls fare ([`source`]).
@@ -154,11 +144,12 @@ pub struct Worker {
     /// them it believed cached here (their ratio is the hit rate the router routed for).
     pub routed_prompt_tokens: AtomicU64,
     pub routed_cached_tokens: AtomicU64,
+    /// Failed attempts (connection, status, body), whether or not they opened the breaker.
     pub failures_total: AtomicU64,
-    pub healthy: AtomicBool,
-    /// Circuit breaker: consecutive failures and the time (ms since epoch) it reopens for traffic.
-    pub consecutive_failures: AtomicU64,
-    pub open_until_ms: AtomicU64,
+    /// What the health checks last said ([`health`]).
+    pub health: Health,
+    /// Stops traffic after consecutive failures ([`breaker`]).
+    pub breaker: Breaker,
     /// What this worker sent that was refused, by reason ([`crate::budget`]).
     pub refusals: crate::budget::PeerRefusals,
     /// Frames dropped by the subscriber, indexed by [`FrameError::index`].
@@ -180,25 +171,40 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// A worker with `dp_size` fixed ranks `0..dp_size` (one per load socket; none: priced on
+    /// in-flight).
     pub fn new(
         url: String,
         dp_size: usize,
         no_load_reason: FallbackReason,
         epoch: Instant,
     ) -> Self {
+        let kind = if dp_size > 0 {
+            LoadSourceKind::Push
+        } else {
+            LoadSourceKind::Inflight
+        };
+        Self::with_ranks(url, RankTable::dense(dp_size), kind, no_load_reason, epoch)
+    }
+
+    /// A worker whose ranks are known only from its reports (a polled one): each rank numbered
+    /// below `bound` gets a slot when it first reports; others are refused.
+    pub fn sparse(url: String, bound: usize, epoch: Instant) -> Self {
+        let kind = LoadSourceKind::Inflight; // until the caller names its polled source
+        Self::with_ranks(url, RankTable::sparse(bound), kind, None, epoch)
+    }
+
+    fn with_ranks(
+        url: String,
+        ranks: RankTable,
+        kind: LoadSourceKind,
+        no_load_reason: FallbackReason,
+        epoch: Instant,
+    ) -> Self {
         Worker {
             url,
-            ranks: (0..dp_size)
-                .map(|_| RankState {
-                    last_seq: AtomicI64::new(-1),
-                    ..Default::default()
-                })
-                .collect(),
-            load_source: LoadSourceState::new(if dp_size > 0 {
-                LoadSourceKind::Push
-            } else {
-                LoadSourceKind::Inflight
-            }),
+            ranks,
+            load_source: LoadSourceState::new(kind),
             no_load_reason,
             inflight: AtomicI64::new(0),
             dispatched: AtomicU64::new(0),
@@ -208,9 +214,8 @@ impl Worker {
             routed_prompt_tokens: AtomicU64::new(0),
             routed_cached_tokens: AtomicU64::new(0),
             failures_total: AtomicU64::new(0),
-            healthy: AtomicBool::new(true),
-            consecutive_failures: AtomicU64::new(0),
-            open_until_ms: AtomicU64::new(0),
+            health: Health::default(),
+            breaker: Breaker::default(),
             refusals: Default::default(),
             dropped: Default::default(),
             agg_requests: AtomicI64::new(0),
@@ -263,26 +268,44 @@ impl Worker {
 
     /// Stores `rank`'s numbers from `snap` as received at `now`, without looking at a seq (the
     /// ingest decodes only the newest of a backlog and accounts every seq with
-    /// [`Worker::account_seq`]). False for an unknown rank.
+    /// [`Worker::account_seq`]). False for a rank without a slot (refused as
+    /// [`Refusal::RankOutOfRange`] when the peer named it). Counts outside what the book believes
+    /// (negative, or beyond [`MAX_REPORTED`]) are clamped and counted as
+    /// [`Refusal::NumberOutOfRange`].
     pub fn apply_at(&self, rank: usize, snap: &LoadSnapshot, now: u64) -> bool {
-        let Some(r) = self.ranks.get(rank) else {
-            return false;
+        let r = match self.ranks.get_or_claim(rank) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refuse_rank(e);
+                return false;
+            }
         };
-        let clamp = |v: i64, max: i64| v.clamp(0, max);
-        let running = clamp(snap.num_running_reqs, MAX_REPORTED);
-        let waiting = clamp(snap.num_waiting_reqs, MAX_REPORTED);
-        let tokens = clamp(
+        // The first field outside what is believed, and that range's top (0: a counter that
+        // only has to be >= 0).
+        let mut out_of_range: Option<(&'static str, i64)> = None;
+        let mut believe = |field: &'static str, v: i64, max: i64| {
+            if !(0..=max).contains(&v) {
+                out_of_range.get_or_insert((field, max));
+            }
+            v.clamp(0, max)
+        };
+        let running = believe("num_running_reqs", snap.num_running_reqs, MAX_REPORTED);
+        let waiting = believe("num_waiting_reqs", snap.num_waiting_reqs, MAX_REPORTED);
+        let tokens = believe(
+            "num_total_tokens",
             snap.num_total_tokens.max(snap.num_used_tokens),
+            MAX_REPORTED * 1000,
+        );
+        let backlog = believe(
+            "num_waiting_uncached_tokens",
+            snap.num_waiting_uncached_tokens,
             MAX_REPORTED * 1000,
         );
         r.running.store(running, Relaxed);
         r.waiting.store(waiting, Relaxed);
         r.requests.store(running + waiting, Relaxed);
         r.tokens.store(tokens, Relaxed);
-        r.backlog.store(
-            clamp(snap.num_waiting_uncached_tokens, MAX_REPORTED * 1000),
-            Relaxed,
-        );
+        r.backlog.store(backlog, Relaxed);
         let usage = snap.token_usage();
         r.token_usage_bits.store(
             if usage.is_finite() {
@@ -293,10 +316,22 @@ impl Worker {
             .to_bits(),
             Relaxed,
         );
-        r.prefill.observe(
+        let (prefill_tokens, prefill_us) = (
             snap.total_prefill_uncached_tokens,
             snap.total_prefill_busy_us,
         );
+        if prefill_tokens < 0 || prefill_us < 0 {
+            out_of_range.get_or_insert(("total_prefill_uncached_tokens/total_prefill_busy_us", 0));
+        } else {
+            r.prefill.observe(prefill_tokens, prefill_us);
+        }
+        if let Some((field, max)) = out_of_range {
+            self.refusals
+                .refuse(Refusal::NumberOutOfRange, || match max {
+                    0 => format!("rank {rank}: {field}: expected cumulative counters >= 0"),
+                    _ => format!("rank {rank}: {field}: expected 0..={max} (clamped)"),
+                });
+        }
         r.dispatch_mark
             .store(self.dispatched.load(Relaxed), Relaxed);
         r.tokens_mark
@@ -306,21 +341,41 @@ impl Worker {
         true
     }
 
+    fn refuse_rank(&self, e: RankOutOfRange) {
+        self.refusals.refuse(Refusal::RankOutOfRange, || {
+            format!(
+                "rank {} is not below the bound {} (the advertised dp_size, else --max-ranks)",
+                e.rank, e.bound
+            )
+        });
+    }
+
     /// Counts one received message of `rank` with sequence `seq` (decoded or not): message count,
-    /// gaps and restarts.
+    /// gaps and restarts. A negative seq is refused ([`Refusal::NumberOutOfRange`]) and leaves the
+    /// rank's seq as it was.
     pub fn account_seq(&self, rank: usize, seq: i64) -> SeqEvent {
         let Some(r) = self.ranks.get(rank) else {
             return SeqEvent::UnknownRank;
         };
         r.messages.fetch_add(1, Relaxed);
+        if seq < 0 {
+            self.refusals.refuse(Refusal::NumberOutOfRange, || {
+                format!("rank {rank}: seq {seq}: expected >= 0")
+            });
+            return SeqEvent::OutOfRange;
+        }
         let prev = r.last_seq.swap(seq, Relaxed);
-        if prev < 0 || seq == prev + 1 {
+        if prev < 0 || prev.checked_add(1) == Some(seq) {
             SeqEvent::InOrder
         } else if seq <= prev {
             r.restarts.fetch_add(1, Relaxed);
             SeqEvent::Restart
         } else {
-            r.gaps.fetch_add((seq - prev - 1) as u64, Relaxed);
+            // 0 <= prev < seq - 1: no overflow; the counter saturates rather than wraps.
+            let missed = (seq - prev - 1) as u64;
+            let _ = r
+                .gaps
+                .fetch_update(Relaxed, Relaxed, |g| Some(g.saturating_add(missed)));
             SeqEvent::Gap
         }
     }
@@ -329,10 +384,11 @@ impl Worker {
         let (mut e, mut tokens, mut oldest, mut mark, mut backlog) =
             (0i64, 0i64, u64::MAX, u64::MAX, 0i64);
         let (mut tokens_mark, mut tokens_per_us, mut kv_usage) = (u64::MAX, 0.0f64, 0.0f64);
-        for r in &self.ranks {
-            backlog += r.backlog.load(Relaxed);
-            e += r.requests.load(Relaxed);
-            tokens += r.tokens.load(Relaxed);
+        // Each rank's numbers are clamped on the way in; saturate anyway, the sums are cheap.
+        for r in self.ranks.iter() {
+            backlog = backlog.saturating_add(r.backlog.load(Relaxed));
+            e = e.saturating_add(r.requests.load(Relaxed));
+            tokens = tokens.saturating_add(r.tokens.load(Relaxed));
             oldest = oldest.min(r.received_ms.load(Relaxed));
             mark = mark.min(r.dispatch_mark.load(Relaxed));
             tokens_mark = tokens_mark.min(r.tokens_mark.load(Relaxed));
@@ -372,7 +428,7 @@ impl Worker {
         let fallback = |age_ms| Load {
             requests: f,
             tokens: 0,
-            score: f * unit,
+            score: f.saturating_mul(unit),
             source: Source::Fallback,
             age_ms,
         };
@@ -395,14 +451,15 @@ impl Worker {
         if signal == LoadSignal::Inflight || age_ms > freshness_ms {
             return fallback(age_ms);
         }
-        let d = self.dispatched.load(Relaxed).saturating_sub(mark) as i64;
-        let requests = f.max(e + d);
+        let d =
+            i64::try_from(self.dispatched.load(Relaxed).saturating_sub(mark)).unwrap_or(i64::MAX);
+        let requests = f.max(e.saturating_add(d));
         let score = match signal {
-            LoadSignal::Backlog => {
-                self.agg_backlog.load(Relaxed)
-                    + d * DISPATCH_TOKENS_GUESS
-                    + e * REQUEST_TOKENS_WEIGHT
-            }
+            LoadSignal::Backlog => self
+                .agg_backlog
+                .load(Relaxed)
+                .saturating_add(d.saturating_mul(DISPATCH_TOKENS_GUESS))
+                .saturating_add(e.saturating_mul(REQUEST_TOKENS_WEIGHT)),
             _ => requests,
         };
         Load {
@@ -421,24 +478,32 @@ impl Worker {
 
     #[inline]
     pub fn available_at(&self, now: u64) -> bool {
-        self.healthy.load(Relaxed) && self.open_until_ms.load(Relaxed) <= now
+        self.health.is_healthy() && !self.breaker.open_at(now)
     }
 
-    /// A failed attempt: opens the breaker after `threshold` in a row, for `cooldown_ms`.
+    /// A failed attempt: counted, and the breaker opens after `threshold` in a row, for
+    /// `cooldown_ms`.
     pub fn failed(&self, threshold: u64, cooldown_ms: u64) {
         self.failures_total.fetch_add(1, Relaxed);
-        if self.consecutive_failures.fetch_add(1, Relaxed) + 1 >= threshold {
-            self.open_until_ms
-                .store(self.now_ms() + cooldown_ms, Relaxed);
-        }
+        self.breaker.failed(threshold, cooldown_ms, self.now_ms());
     }
 
     pub fn succeeded(&self) {
-        self.consecutive_failures.store(0, Relaxed);
+        self.breaker.succeeded();
     }
 
     pub fn breaker_open(&self) -> bool {
-        self.open_until_ms.load(Relaxed) > self.now_ms()
+        self.breaker.open_at(self.now_ms())
+    }
+
+    /// What the last health check said.
+    pub fn is_healthy(&self) -> bool {
+        self.health.is_healthy()
+    }
+
+    /// Records a health check's outcome; true when it changed.
+    pub fn set_healthy(&self, ok: bool) -> bool {
+        self.health.set(ok)
     }
 }
 
@@ -450,6 +515,8 @@ pub enum SeqEvent {
     /// Seq went backwards: the publisher restarted. Its message is used at once.
     Restart,
     UnknownRank,
+    /// A negative seq: refused, the rank's seq left as it was.
+    OutOfRange,
 }
 
 /// An in-flight request on a worker; releases the count when dropped (body end or disconnect).
@@ -494,5 +561,7 @@ impl Drop for InflightGuard {
     }
 }
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

@@ -13,7 +13,10 @@
 //!   the estimate (same hardware, most likely); the next full window corrects it if not;
 //! * **nonsense** (busy time not advancing while tokens do, or a sample outside
 //!   [`MIN_US_PER_TOKEN`, `MAX_US_PER_TOKEN`]) is dropped and the baseline moves on;
-//! * **before the first sample** the meter says `None` and callers use [`PRIOR_US_PER_TOKEN`].
+//! * **before the first sample** the meter says `None` and callers use [`PRIOR_US_PER_TOKEN`];
+//! * **any counter values** (they come from a peer): differences are checked, so a jump that does
+//!   not fit an `i64` rebases like a restart instead of overflowing. (The book refuses negative
+//!   counters before they get here.)
 //!
 //! One writer (the rank's subscriber thread, or the simulator) and any number of readers: every
 //! field is an atomic, so the request path reads the estimate without locks or allocation.
@@ -54,12 +57,15 @@ impl PrefillRate {
             self.rebase(tokens, busy_us); // the engine restarted: its counters began again
             return;
         }
-        let dt = tokens - self.base_tokens.load(Relaxed);
+        let Some(dt) = tokens.checked_sub(self.base_tokens.load(Relaxed)) else {
+            return self.rebase(tokens, busy_us);
+        };
         if dt < MIN_WINDOW_TOKENS {
             return;
         }
-        let du = busy_us - self.base_us.load(Relaxed);
+        let du = busy_us.checked_sub(self.base_us.load(Relaxed));
         self.rebase(tokens, busy_us);
+        let Some(du) = du else { return };
         let sample = du as f64 / dt as f64;
         if !(MIN_US_PER_TOKEN..=MAX_US_PER_TOKEN).contains(&sample) {
             return;

@@ -107,7 +107,7 @@ fn seq_tracking() {
     assert_eq!(w.record(0, 5, &snap(0, 0)), SeqEvent::InOrder);
     assert_eq!(w.record(0, 6, &snap(0, 0)), SeqEvent::InOrder);
     assert_eq!(w.record(0, 9, &snap(0, 0)), SeqEvent::Gap);
-    assert_eq!(w.ranks[0].gaps.load(Relaxed), 2);
+    assert_eq!(w.ranks.get(0).unwrap().gaps.load(Relaxed), 2);
     assert_eq!(w.record(0, 0, &snap(0, 0)), SeqEvent::Restart);
     assert_eq!(w.record(0, 1, &snap(0, 0)), SeqEvent::InOrder);
     assert_eq!(w.record(3, 1, &snap(0, 0)), SeqEvent::UnknownRank);

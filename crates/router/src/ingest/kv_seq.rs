@@ -11,6 +11,9 @@
 //!   sockets race): seqs from where the replay started up to `last` are duplicates until the live
 //!   stream has caught up (its next in-order apply).
 //! * **Accept next.** After a resync without a usable replay, the next live seq is taken as is.
+//!
+//! Seqs are the peer's numbers: no arithmetic on them may overflow. After `i64::MAX` no seq can
+//! follow in order, so any next seq is a repeat (restart or duplicate), never an apply.
 
 /// What to do with a live batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,8 +64,9 @@ pub struct Sequencer {
 }
 
 impl Sequencer {
-    fn expected(&self) -> i64 {
-        self.last.map_or(0, |l| l + 1)
+    /// The next in-order seq; `None` after `i64::MAX`.
+    fn expected(&self) -> Option<i64> {
+        self.last.map_or(Some(0), |l| l.checked_add(1))
     }
 
     /// Classifies live seq `seq`.
@@ -70,7 +74,7 @@ impl Sequencer {
         if self.replay.is_some() {
             return Live::Hold;
         }
-        if self.accept_next || seq == self.expected() {
+        if self.accept_next || Some(seq) == self.expected() {
             return Live::Apply;
         }
         match self.last {
@@ -81,8 +85,9 @@ impl Sequencer {
                     Live::Restart
                 }
             }
+            // seq > last, so last < i64::MAX and expected() is Some.
             _ => Live::Gap {
-                from: self.expected(),
+                from: self.expected().unwrap_or(i64::MAX),
             },
         }
     }
@@ -116,7 +121,7 @@ impl Sequencer {
             verify,
             began_at: self.last,
         });
-        self.dup_floor = Some(self.expected());
+        self.dup_floor = Some(self.expected().unwrap_or(i64::MAX));
         verify.map_or(0, |(l, _)| l)
     }
 
@@ -136,19 +141,16 @@ impl Sequencer {
                 Replayed::Restart
             };
         }
-        let expected = self.expected();
-        if seq < expected {
-            Replayed::Skip
-        } else if seq == expected {
-            Replayed::Apply
-        } else {
-            Replayed::NotCovered
+        match self.expected() {
+            Some(e) if seq == e => Replayed::Apply,
+            Some(e) if seq > e => Replayed::NotCovered,
+            _ => Replayed::Skip,
         }
     }
 
     /// After `NotCovered` (the slot was cleared): continue from replayed batch `seq`.
     pub fn restart_at(&mut self, seq: i64) {
-        self.last = Some(seq - 1);
+        self.last = seq.checked_sub(1);
         self.digest = 0;
         self.dup_floor = Some(seq);
         if let Some(r) = &mut self.replay {
@@ -213,6 +215,29 @@ mod tests {
         s.applied(3, 1, false);
         assert!(s.end_replay());
         assert_eq!(s.live(0), Live::Restart, "below the replay's start");
+    }
+
+    #[test]
+    fn seqs_at_the_ends_of_i64_neither_panic_nor_apply_out_of_order() {
+        let mut s = Sequencer::default();
+        assert_eq!(s.live(i64::MIN), Live::Gap { from: 0 });
+        assert_eq!(s.live(i64::MAX), Live::Gap { from: 0 });
+        s.applied(i64::MAX, 1, true);
+        assert_eq!(s.live(i64::MAX), Live::Restart, "nothing follows i64::MAX");
+        assert_eq!(s.live(i64::MIN), Live::Restart);
+        assert_eq!(s.begin_replay(), i64::MAX);
+        assert_eq!(s.replayed(i64::MAX, 1), Replayed::Skip, "the overlap");
+        assert_eq!(s.replayed(i64::MAX, 2), Replayed::Skip);
+        assert_eq!(s.replayed(i64::MIN, 2), Replayed::Skip);
+        assert!(!s.end_replay());
+        assert_eq!(s.live(i64::MAX), Live::Duplicate, "seen through the replay");
+        s.reset();
+        s.begin_replay();
+        s.restart_at(i64::MIN);
+        assert_eq!(s.replayed(i64::MIN, 3), Replayed::Skip);
+        s.abort_replay();
+        s.applied(i64::MAX - 1, 4, true);
+        assert_eq!(s.live(i64::MAX), Live::Apply);
     }
 
     #[test]

@@ -7,13 +7,20 @@
 //! polled snapshot is older), and reports its age the same way.
 //!
 //! Each worker's polls use one HTTP connection (a dedicated client keeping one idle connection
-//! per host) and each is bounded by `--load-poll-timeout-ms`; a failed poll is counted and kept
-//! as the worker's last error, shown in `/workers` once the worker has fallen back to in-flight.
-//! The request path is untouched: it reads the book's atomics as before.
+//! per host) and each is bounded by `--load-poll-timeout-ms` and `--load-poll-max-body-bytes`; a
+//! failed poll is counted and kept as the worker's last error, shown in `/workers` once the worker
+//! has fallen back to in-flight, and one cut by a budget is also counted as a refusal
+//! ([`Refusal::TimedOut`], [`Refusal::BodyTooLarge`]).
+//!
+//! A page is the peer's: it names its ranks (a slot each, up to the worker's rank bound; see
+//! [`crate::book::ranks`]) and may be large, so a body above [`PARSE_INLINE_BYTES`] is parsed on
+//! the blocking pool, never on the executor. The request path is untouched: it reads the book's
+//! atomics as before.
 
 pub mod metrics;
 
 use crate::book::{LoadSourceKind, Worker};
+use crate::budget::{Budgets, Refusal};
 use crate::fleet::HttpClient;
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -32,6 +39,11 @@ pub struct PollConfig {
     pub interval: Duration,
     /// `--load-poll-timeout-ms`: a poll (connect, headers, body) not done by then fails.
     pub timeout: Duration,
+    /// `--load-poll-max-body-bytes` ([`Budgets::poll_body_bytes`]): a longer body fails the poll.
+    pub max_body_bytes: usize,
+    /// `--max-ranks` ([`Budgets::max_ranks`]): the rank bound of a worker that advertises no
+    /// `dp_size`.
+    pub max_ranks: usize,
 }
 
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 100;
@@ -39,15 +51,29 @@ pub const DEFAULT_POLL_TIMEOUT_MS: u64 = 500;
 
 impl Default for PollConfig {
     fn default() -> Self {
+        let budgets = Budgets::default();
         PollConfig {
             interval: Duration::from_millis(DEFAULT_POLL_INTERVAL_MS),
             timeout: Duration::from_millis(DEFAULT_POLL_TIMEOUT_MS),
+            max_body_bytes: budgets.poll_body_bytes,
+            max_ranks: budgets.max_ranks,
         }
     }
 }
 
-/// Largest body a poll reads (a real vLLM `/metrics` page is some hundred kB).
-const MAX_POLL_BODY: usize = 8 << 20;
+impl PollConfig {
+    /// The rank bound of a polled worker: its advertised `dp_size` when it has one (never above
+    /// the rank budget), else the rank budget.
+    pub fn rank_bound(&self, advertised_dp_size: Option<usize>) -> usize {
+        advertised_dp_size
+            .filter(|n| *n > 0)
+            .map_or(self.max_ranks, |n| n.min(self.max_ranks))
+    }
+}
+
+/// Bodies up to this size are parsed on the poller's task; larger ones on the blocking pool (a
+/// real vLLM `/metrics` page is some hundred kB; a `/v1/loads` body well under this).
+pub const PARSE_INLINE_BYTES: usize = 64 << 10;
 
 /// The pollers' client: one kept-alive connection per worker.
 pub fn poll_client() -> HttpClient {
@@ -60,29 +86,31 @@ pub fn poll_client() -> HttpClient {
         .build(conn)
 }
 
-/// A polled source found at discovery: what to fetch and how many ranks it reports.
+/// A polled source found at discovery: what to fetch, and how many ranks its page reported then
+/// (the worker's ranks get slots as they report, [`crate::book::ranks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Polled {
     pub kind: LoadSourceKind,
     pub ranks: usize,
 }
 
-/// Why a fetch gave no body.
+/// Why a fetch gave no body, and the budget it broke, if any.
 struct FetchFailure {
     why: String,
-    timed_out: bool,
+    refusal: Option<Refusal>,
 }
 
-/// `GET url+path` within `timeout`: the body of a 2xx answer.
+/// `GET url+path` within `timeout`: the body of a 2xx answer, at most `max_body` bytes.
 async fn fetch(
     client: &HttpClient,
     url: &str,
     path: &str,
     timeout: Duration,
+    max_body: usize,
 ) -> Result<Bytes, FetchFailure> {
     let fail = |why: String| FetchFailure {
         why: format!("GET {path}: {why}"),
-        timed_out: false,
+        refusal: None,
     };
     let req = hyper::Request::get(format!("{url}{path}"))
         .body(Full::default())
@@ -93,17 +121,25 @@ async fn fetch(
         if !status.is_success() {
             return Err(fail(format!("answered {status}")));
         }
-        Limited::new(resp.into_body(), MAX_POLL_BODY)
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .map_err(|e| fail(format!("reading the body: {e}")))
+        match Limited::new(resp.into_body(), max_body).collect().await {
+            Ok(b) => Ok(b.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(FetchFailure {
+                why: format!(
+                    "GET {path}: body larger than {max_body} bytes (--load-poll-max-body-bytes)"
+                ),
+                refusal: Some(Refusal::BodyTooLarge),
+            }),
+            Err(e) => Err(fail(format!("reading the body: {e}"))),
+        }
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(r) => r,
         Err(_) => Err(FetchFailure {
-            why: format!("GET {path}: timed out after {} ms", timeout.as_millis()),
-            timed_out: true,
+            why: format!(
+                "GET {path}: not complete within {} ms (--load-poll-timeout-ms)",
+                timeout.as_millis()
+            ),
+            refusal: Some(Refusal::TimedOut),
         }),
     }
 }
@@ -126,23 +162,45 @@ fn read(kind: LoadSourceKind, body: &[u8]) -> Result<Vec<LoadSnapshot>, String> 
     }
 }
 
-/// Ranks a page reports: one past the highest `dp_rank`.
+/// [`read`], on the blocking pool when the body is larger than [`PARSE_INLINE_BYTES`].
+async fn read_off_executor(kind: LoadSourceKind, body: Bytes) -> Result<Vec<LoadSnapshot>, String> {
+    if body.len() <= PARSE_INLINE_BYTES {
+        return read(kind, &body);
+    }
+    tokio::task::spawn_blocking(move || read(kind, &body))
+        .await
+        .unwrap_or_else(|e| Err(format!("parsing the body failed: {e}")))
+}
+
+/// Distinct ranks a page reports (it comes sorted by rank).
 fn rank_count(snaps: &[LoadSnapshot]) -> usize {
-    snaps
-        .iter()
-        .map(|s| s.dp_rank as usize + 1)
-        .max()
-        .unwrap_or(0)
+    let mut ranks: Vec<i64> = snaps.iter().map(|s| s.dp_rank).collect();
+    ranks.dedup();
+    ranks.len()
 }
 
 /// Finds a worker's polled source: `/v1/loads` first, then `/metrics`; or why neither works.
+/// Bodies are bounded by the default [`Budgets::poll_body_bytes`]; see [`probe_with`].
 pub async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> Result<Polled, String> {
+    let cfg = PollConfig {
+        timeout,
+        ..PollConfig::default()
+    };
+    probe_with(client, url, &cfg).await
+}
+
+/// [`probe`] within `cfg`'s timeout and body budget.
+pub async fn probe_with(
+    client: &HttpClient,
+    url: &str,
+    cfg: &PollConfig,
+) -> Result<Polled, String> {
     let mut why = Vec::new();
     for kind in [LoadSourceKind::PollLoads, LoadSourceKind::ScrapeMetrics] {
-        let got = fetch(client, url, path(kind), timeout)
-            .await
-            .map_err(|f| f.why)
-            .and_then(|body| read(kind, &body));
+        let got = match fetch(client, url, path(kind), cfg.timeout, cfg.max_body_bytes).await {
+            Ok(body) => read_off_executor(kind, body).await,
+            Err(f) => Err(f.why),
+        };
         match got {
             Ok(snaps) => {
                 return Ok(Polled {
@@ -176,26 +234,62 @@ async fn run(worker: Arc<Worker>, client: HttpClient, cfg: PollConfig) {
     let mut seq = 0i64;
     loop {
         tick.tick().await;
-        poll_once(&worker, &client, cfg.timeout, seq).await;
-        seq += 1;
+        poll_once(&worker, &client, &cfg, seq).await;
+        seq = seq.wrapping_add(1) & i64::MAX;
     }
 }
 
-/// One poll: fetch, read, store every known rank at the time the answer arrived.
-async fn poll_once(worker: &Worker, client: &HttpClient, timeout: Duration, seq: i64) {
+/// One poll: fetch, read, store every rank the worker may have at the time the answer arrived.
+async fn poll_once(worker: &Worker, client: &HttpClient, cfg: &PollConfig, seq: i64) {
     let source = &worker.load_source;
     let started = Instant::now();
-    let body = match fetch(client, &worker.url, path(source.kind), timeout).await {
+    let fetched = fetch(
+        client,
+        &worker.url,
+        path(source.kind),
+        cfg.timeout,
+        cfg.max_body_bytes,
+    )
+    .await;
+    let body = match fetched {
         Ok(b) => b,
-        Err(f) => return source.failed(f.why, f.timed_out),
+        Err(f) => {
+            if let Some(r) = f.refusal {
+                worker.refusals.refuse(r, || f.why.clone());
+            }
+            return source.failed(f.why, f.refusal == Some(Refusal::TimedOut));
+        }
     };
-    let snaps = match read(source.kind, &body) {
+    let snaps = match read_off_executor(source.kind, body).await {
         Ok(s) => s,
         Err(e) => return source.failed(e, false),
     };
     let now = worker.now_ms();
-    for s in &snaps {
-        let rank = s.dp_rank as usize;
+    let bound = worker.ranks.bound();
+    // The page is sorted by rank: the ranks past the bound are a tail, refused in one go (a page
+    // of a million ranks costs one refusal, not a million), and a rank listed twice is applied
+    // once (its last entry).
+    let within = snaps.partition_point(|s| usize::try_from(s.dp_rank).is_ok_and(|r| r < bound));
+    if let Some(first) = snaps.get(within) {
+        let beyond = snaps.len() - within;
+        worker.refusals.refuse(Refusal::RankOutOfRange, || {
+            format!(
+                "rank {} and {} more entries of the page are not below the bound {bound} (the \
+                 advertised dp_size, else --max-ranks)",
+                first.dp_rank,
+                beyond - 1
+            )
+        });
+    }
+    let page = &snaps[..within];
+    for (i, s) in page.iter().enumerate() {
+        if page
+            .get(i + 1)
+            .is_some_and(|next| next.dp_rank == s.dp_rank)
+        {
+            continue;
+        }
+        let rank = s.dp_rank as usize; // below the bound, checked above
         if worker.apply_at(rank, s, now) {
             worker.account_seq(rank, seq);
         }

@@ -1,6 +1,11 @@
 //! The strict parser: what the text format forbids is an error naming the line.
+//!
+//! Linear in the page (pages come from peers, and a scraped worker may send hundreds of thousands
+//! of samples): families and series already seen are found through hash sets, histogram series
+//! are grouped in one pass, and nothing is searched per line.
 
 use super::MetricType;
+use std::collections::{HashMap, HashSet};
 
 /// One parsed sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,15 +107,15 @@ fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
     loop {
         rest = rest.trim_start();
         if let Some(r) = rest.strip_prefix('}') {
-            return Ok((labels, r));
+            return match repeated_label(&labels) {
+                Some(name) => Err(format!("label {name:?} repeated")),
+                None => Ok((labels, r)),
+            };
         }
         let eq = rest.find('=').ok_or("label without '='")?;
         let name = rest[..eq].trim();
         if !valid_name(name, false) {
             return Err(format!("invalid label name {name:?}"));
-        }
-        if labels.iter().any(|(k, _)| k == name) {
-            return Err(format!("label {name:?} repeated"));
         }
         rest = rest[eq + 1..]
             .trim_start()
@@ -135,6 +140,17 @@ fn parse_labels(s: &str) -> Result<(Labels, &str), String> {
         rest = rest[end + 1..].trim_start();
         rest = rest.strip_prefix(',').unwrap_or(rest);
     }
+}
+
+/// The first label name (in name order) that occurs twice; sorting keeps a line with thousands of
+/// labels linear-logarithmic.
+fn repeated_label(labels: &Labels) -> Option<&str> {
+    if labels.len() < 2 {
+        return None;
+    }
+    let mut names: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
+    names.sort_unstable();
+    names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 /// Parses a text-format page, rejecting what the format forbids: a sample before its family's
@@ -176,6 +192,10 @@ pub fn parse(text: &str) -> Result<Scrape, ParseError> {
 struct PageParser {
     scrape: Scrape,
     pending_help: Option<(String, String)>,
+    /// Names of the families opened so far.
+    families: HashSet<String>,
+    /// Every series so far: sample name and sorted labels.
+    series: HashSet<(String, Labels)>,
 }
 
 impl PageParser {
@@ -185,7 +205,7 @@ impl PageParser {
         match (parts.next(), parts.next(), parts.next()) {
             (Some("TYPE"), Some(name), Some(ty)) => self.open_family(name, ty.trim()),
             (Some("HELP"), Some(name), help) => {
-                if self.pending_help.is_some() || self.scrape.family(name).is_some() {
+                if self.pending_help.is_some() || self.families.contains(name) {
                     return Err(format!("# HELP for {name} out of place"));
                 }
                 self.pending_help = Some((name.to_string(), help.unwrap_or("").to_string()));
@@ -200,7 +220,7 @@ impl PageParser {
         if !valid_name(name, true) {
             return Err(format!("invalid metric name {name:?}"));
         }
-        if self.scrape.family(name).is_some() {
+        if self.families.contains(name) {
             return Err(format!("second # TYPE for {name}"));
         }
         let help = match self.pending_help.take() {
@@ -208,6 +228,7 @@ impl PageParser {
             Some((n, _)) => return Err(format!("# HELP for {n} not followed by its # TYPE")),
             None => None,
         };
+        self.families.insert(name.to_string());
         self.scrape.families.push(Family {
             name: name.to_string(),
             ty,
@@ -229,11 +250,9 @@ impl PageParser {
                 },
             );
         };
-        let key = sorted(&sample.labels);
-        if fam
-            .samples
-            .iter()
-            .any(|s| s.name == sample.name && sorted(&s.labels) == key)
+        if !self
+            .series
+            .insert((sample.name.clone(), sorted(&sample.labels)))
         {
             return Err(format!("series {name}{:?} repeated", sample.labels));
         }
@@ -281,6 +300,9 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     })
 }
 
+/// Each series of histogram `f` (its `_count` labels) must have buckets in increasing `le` order,
+/// never decreasing, ending in a `+Inf` bucket equal to its `_count`. One pass groups the
+/// buckets by series.
 fn check_histogram(f: &Family) -> Result<(), String> {
     let bucket = format!("{}_bucket", f.name);
     let count = format!("{}_count", f.name);
@@ -294,34 +316,47 @@ fn check_histogram(f: &Family) -> Result<(), String> {
         l.sort();
         l
     };
-    for c in f.samples.iter().filter(|s| s.name == count) {
-        let key = series_key(c);
-        let mut last = f64::NEG_INFINITY;
-        let mut prev_n = 0.0;
-        let mut inf = None;
-        for b in f
-            .samples
-            .iter()
-            .filter(|s| s.name == bucket && series_key(s) == key)
-        {
-            let le = b
-                .label("le")
-                .and_then(parse_value)
-                .ok_or_else(|| format!("{bucket}: missing or bad le"))?;
-            if le <= last || b.value < prev_n {
-                return Err(format!("{bucket}: buckets out of order or decreasing"));
-            }
-            (last, prev_n) = (le, b.value);
-            if le == f64::INFINITY {
-                inf = Some(b.value);
-            }
+    /// A series' buckets so far: last `le`, last cumulative count, the `+Inf` count.
+    struct Buckets {
+        last: f64,
+        prev_n: f64,
+        inf: Option<f64>,
+    }
+    // Only series with a `_count` are checked (as they always were).
+    let mut series: HashMap<Labels, (f64, Buckets)> = f
+        .samples
+        .iter()
+        .filter(|s| s.name == count)
+        .map(|c| {
+            let empty = Buckets {
+                last: f64::NEG_INFINITY,
+                prev_n: 0.0,
+                inf: None,
+            };
+            (series_key(c), (c.value, empty))
+        })
+        .collect();
+    for b in f.samples.iter().filter(|s| s.name == bucket) {
+        let Some((_, s)) = series.get_mut(&series_key(b)) else {
+            continue;
+        };
+        let le = b
+            .label("le")
+            .and_then(parse_value)
+            .ok_or_else(|| format!("{bucket}: missing or bad le"))?;
+        if le <= s.last || b.value < s.prev_n {
+            return Err(format!("{bucket}: buckets out of order or decreasing"));
         }
-        if inf != Some(c.value) {
-            return Err(format!(
-                "{}: +Inf bucket missing or not equal to _count",
-                f.name
-            ));
+        (s.last, s.prev_n) = (le, b.value);
+        if le == f64::INFINITY {
+            s.inf = Some(b.value);
         }
+    }
+    if series.values().any(|(n, s)| s.inf != Some(*n)) {
+        return Err(format!(
+            "{}: +Inf bucket missing or not equal to _count",
+            f.name
+        ));
     }
     Ok(())
 }
