@@ -24,6 +24,7 @@ pub mod models;
 pub mod policy;
 pub mod poll;
 pub mod proxy;
+pub mod request_work;
 pub mod server;
 pub mod state;
 pub mod subscribe;

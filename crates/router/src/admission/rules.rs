@@ -1,0 +1,349 @@
+//! The admission rules, pure: no I/O, no clock, no state. The caller passes the loads (a
+//! [`View`] whose `now` it has set) and, for the queue, how many already wait.
+//!
+//! They were written three times (the router's admission, the proxy's pick, the simulator) and
+//! had begun to drift; now the live router (`admission::admit`, `proxy::pick`) and the
+//! simulator (`loadlink-bench`'s `sim/admission.rs`) call these, so the overload evidence
+//! measures the rules that run in `loadlink route`.
+
+use crate::policy::{MinTtft, Policy, View};
+use std::time::Duration;
+
+/// The request header carrying a TTFT budget in milliseconds.
+pub const SLO_HEADER: &str = "x-sgl-ttft-slo-ms";
+
+/// What to do when no worker is within the caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overload {
+    /// 429 with `Retry-After` at once.
+    #[default]
+    Reject,
+    /// Hold in a FIFO of `size` for at most `timeout_ms`, then 429.
+    Queue { size: usize, timeout_ms: u64 },
+}
+
+impl Overload {
+    pub fn parse(mode: &str, size: usize, timeout_ms: u64) -> Result<Self, String> {
+        match mode {
+            "reject" => Ok(Overload::Reject),
+            "queue" => Ok(Overload::Queue { size, timeout_ms }),
+            o => Err(format!("--admission {o:?}: expected reject or queue")),
+        }
+    }
+}
+
+/// The caps (all off by default: the router forwards everything, as before).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct AdmissionConfig {
+    pub max_engine_requests: Option<i64>,
+    pub max_kv_usage: Option<f64>,
+    pub max_predicted_wait_ms: Option<u64>,
+    pub overload: Overload,
+}
+
+impl AdmissionConfig {
+    /// Whether any cap is set (no cap: no worker is ever hidden).
+    pub fn capped(&self) -> bool {
+        self.max_engine_requests.is_some()
+            || self.max_kv_usage.is_some()
+            || self.max_predicted_wait_ms.is_some()
+    }
+}
+
+/// A view whose workers over a cap are unavailable.
+pub struct Capped<'a, V> {
+    pub inner: &'a V,
+    pub cfg: &'a AdmissionConfig,
+    pub predictor: MinTtft,
+}
+
+impl<'a, V: View> Capped<'a, V> {
+    pub fn new(inner: &'a V, cfg: &'a AdmissionConfig) -> Self {
+        Capped {
+            inner,
+            cfg,
+            predictor: MinTtft::default(),
+        }
+    }
+
+    /// Whether worker `i` is within every cap whose figure is known.
+    pub fn within(&self, i: usize) -> bool {
+        let c = self.cfg;
+        let waiting_ok = match (c.max_engine_requests, self.inner.engine_requests(i)) {
+            (Some(max), Some(queued)) => queued <= max,
+            _ => true,
+        };
+        let kv_ok = c
+            .max_kv_usage
+            .is_none_or(|max| self.inner.kv_usage(i) <= max);
+        let wait_ok = c.max_predicted_wait_ms.is_none_or(|max| {
+            self.inner.queued_prefill_s(i).is_none()
+                || self.predictor.predicted_ttft_s(self.inner, i) * 1e3 <= max as f64
+        });
+        waiting_ok && kv_ok && wait_ok
+    }
+
+    /// The least predicted TTFT (s) over available workers within the caps; `None`: none.
+    pub fn best_ttft_s(&self) -> Option<f64> {
+        (0..self.len())
+            .filter(|&i| self.available(i))
+            .map(|i| self.predictor.predicted_ttft_s(self.inner, i))
+            .min_by(f64::total_cmp)
+    }
+}
+
+impl<V: View> View for Capped<'_, V> {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn load(&self, i: usize) -> i64 {
+        self.inner.load(i)
+    }
+    fn available(&self, i: usize) -> bool {
+        self.inner.available(i) && self.within(i)
+    }
+    fn prompt_tokens(&self) -> u64 {
+        self.inner.prompt_tokens()
+    }
+    fn cached_tokens(&self, i: usize) -> u64 {
+        self.inner.cached_tokens(i)
+    }
+    fn cache_size(&self, i: usize) -> u64 {
+        self.inner.cache_size(i)
+    }
+    fn queued_prefill_s(&self, i: usize) -> Option<f64> {
+        self.inner.queued_prefill_s(i)
+    }
+    fn engine_requests(&self, i: usize) -> Option<i64> {
+        self.inner.engine_requests(i)
+    }
+    fn prefill_s_per_token(&self, i: usize) -> f64 {
+        self.inner.prefill_s_per_token(i)
+    }
+    fn kv_usage(&self, i: usize) -> f64 {
+        self.inner.kv_usage(i)
+    }
+    fn inflight(&self, i: usize) -> i64 {
+        self.inner.inflight(i)
+    }
+}
+
+/// Why a request was refused (a label in `/metrics` and the 429's message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Every worker is over a cap and the overload mode is `reject`.
+    Overloaded,
+    /// The queue is full.
+    QueueFull,
+    /// It waited in the queue until its deadline.
+    QueueTimeout,
+    /// Its TTFT budget cannot be met.
+    SloUnreachable,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [
+        Refusal::Overloaded,
+        Refusal::QueueFull,
+        Refusal::QueueTimeout,
+        Refusal::SloUnreachable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Overloaded => "overloaded",
+            Refusal::QueueFull => "queue_full",
+            Refusal::QueueTimeout => "queue_timeout",
+            Refusal::SloUnreachable => "slo_unreachable",
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Refusal::Overloaded => "every worker is over the router's admission caps; retry later",
+            Refusal::QueueFull => "the admission queue is full; retry later",
+            Refusal::QueueTimeout => {
+                "no worker came within the admission caps before the queue deadline"
+            }
+            Refusal::SloUnreachable => {
+                "the x-sgl-ttft-slo-ms budget cannot be met by any worker now"
+            }
+        }
+    }
+}
+
+/// What the rules say about a request on arrival.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Gate {
+    /// Some worker may take it now: pick (with [`pick`]) and count the dispatch.
+    Admit,
+    /// Refused at once; the best predicted TTFT (s) within the caps, for `Retry-After`.
+    Refuse(Refusal, Option<f64>),
+    /// Every worker is over a cap and the overload mode is `queue`: it may wait (if
+    /// [`queue_has_room`]) until [`open`].
+    Wait,
+}
+
+/// The decision on arrival for a request with TTFT `budget` over `view` (its `now` set).
+pub fn gate(view: &impl View, cfg: &AdmissionConfig, budget: Option<Duration>) -> Gate {
+    if let Some(limit) = budget {
+        let best = Capped::new(view, cfg).best_ttft_s();
+        if best.is_none_or(|s| s > limit.as_secs_f64()) {
+            return Gate::Refuse(Refusal::SloUnreachable, best);
+        }
+    }
+    if open(view, cfg) {
+        return Gate::Admit;
+    }
+    match cfg.overload {
+        Overload::Reject => Gate::Refuse(Refusal::Overloaded, Capped::new(view, cfg).best_ttft_s()),
+        Overload::Queue { .. } => Gate::Wait,
+    }
+}
+
+/// Whether some worker of `view` is within the caps (always, without caps).
+pub fn open(view: &impl View, cfg: &AdmissionConfig) -> bool {
+    if !cfg.capped() {
+        return true;
+    }
+    let c = Capped::new(view, cfg);
+    (0..c.len()).any(|i| c.available(i))
+}
+
+/// Whether one more request may join a queue that `queued` requests already wait in.
+pub fn queue_has_room(cfg: &AdmissionConfig, queued: usize) -> bool {
+    matches!(cfg.overload, Overload::Queue { size, .. } if queued < size)
+}
+
+/// The policy's pick over the capped view, or over the whole view when it picks nobody there
+/// (a retry, or a cap on a figure nobody knows).
+pub fn pick(
+    policy: &Policy,
+    view: &impl View,
+    cfg: &AdmissionConfig,
+    entropy: u64,
+) -> Option<usize> {
+    let capped = cfg.capped().then(|| Capped::new(view, cfg));
+    capped
+        .and_then(|c| policy.pick(&c, entropy))
+        .or_else(|| policy.pick(view, entropy))
+}
+
+/// `Retry-After` seconds for a refusal when the best worker's predicted TTFT is `best_s`: at least
+/// one second, else roughly when that worker's queue will have drained.
+pub fn retry_after_s(best_s: Option<f64>) -> u64 {
+    best_s.map_or(1, |s| s.ceil().clamp(1.0, 60.0) as u64)
+}
+
+/// The TTFT budget a request carries, if any (a malformed header is the client's error).
+pub fn slo_budget(value: Option<&str>) -> Result<Option<Duration>, String> {
+    match value {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .map_err(|_| format!("{SLO_HEADER}: expected milliseconds as an integer, got {v:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Workers as (engine requests or None, kv usage, queued prefill s or None).
+    struct V(Vec<(Option<i64>, f64, Option<f64>)>);
+    impl View for V {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn load(&self, _: usize) -> i64 {
+            0
+        }
+        fn available(&self, _: usize) -> bool {
+            true
+        }
+        fn engine_requests(&self, i: usize) -> Option<i64> {
+            self.0[i].0
+        }
+        fn kv_usage(&self, i: usize) -> f64 {
+            self.0[i].1
+        }
+        fn queued_prefill_s(&self, i: usize) -> Option<f64> {
+            self.0[i].2
+        }
+    }
+
+    fn cfg(overload: Overload) -> AdmissionConfig {
+        AdmissionConfig {
+            max_engine_requests: Some(10),
+            max_kv_usage: Some(0.95),
+            max_predicted_wait_ms: Some(2000),
+            overload,
+        }
+    }
+
+    #[test]
+    fn caps_hide_workers_over_them_and_fail_open_on_unknown_figures() {
+        let v = V(vec![
+            (Some(50), 0.2, Some(0.1)),
+            (Some(2), 0.99, Some(0.1)),
+            (Some(2), 0.2, Some(9.0)),
+            (None, 0.0, None),
+        ]);
+        let cfg = cfg(Overload::Reject);
+        let c = Capped::new(&v, &cfg);
+        let ok: Vec<bool> = (0..4).map(|i| c.available(i)).collect();
+        assert_eq!(
+            ok,
+            [false, false, false, true],
+            "each cap, and an unknown worker passes"
+        );
+        assert!(!AdmissionConfig::default().capped() && cfg.capped());
+        assert_eq!(pick(&Policy::LeastLoad, &v, &cfg, 0), Some(3));
+    }
+
+    #[test]
+    fn the_gate_admits_refuses_or_queues() {
+        let full = V(vec![(Some(50), 0.2, Some(0.1))]);
+        let room = V(vec![(Some(1), 0.2, Some(0.1))]);
+        let queue = Overload::Queue {
+            size: 2,
+            timeout_ms: 10,
+        };
+        assert_eq!(gate(&room, &cfg(queue), None), Gate::Admit);
+        assert_eq!(gate(&full, &cfg(queue), None), Gate::Wait);
+        assert!(matches!(
+            gate(&full, &cfg(Overload::Reject), None),
+            Gate::Refuse(Refusal::Overloaded, _)
+        ));
+        assert!(matches!(
+            gate(&room, &cfg(queue), Some(Duration::ZERO)),
+            Gate::Refuse(Refusal::SloUnreachable, Some(_))
+        ));
+        assert_eq!(gate(&full, &AdmissionConfig::default(), None), Gate::Admit);
+        assert!(queue_has_room(&cfg(queue), 1) && !queue_has_room(&cfg(queue), 2));
+        assert!(!queue_has_room(&cfg(Overload::Reject), 0));
+        // Over every cap, the pick falls back to the whole view (retries, unknown figures).
+        assert_eq!(pick(&Policy::LeastLoad, &full, &cfg(queue), 0), Some(0));
+    }
+
+    #[test]
+    fn budgets_and_retry_after() {
+        assert_eq!(slo_budget(None), Ok(None));
+        assert_eq!(
+            slo_budget(Some(" 250")),
+            Ok(Some(Duration::from_millis(250)))
+        );
+        assert!(slo_budget(Some("fast")).unwrap_err().contains(SLO_HEADER));
+        assert_eq!(retry_after_s(None), 1);
+        assert_eq!(retry_after_s(Some(0.2)), 1);
+        assert_eq!(retry_after_s(Some(7.1)), 8);
+        assert_eq!(retry_after_s(Some(1e9)), 60);
+        assert!(
+            Overload::parse("drop", 1, 1)
+                .unwrap_err()
+                .contains("reject or queue")
+        );
+    }
+}
