@@ -273,12 +273,8 @@ async fn cache_lookup(
     if work.inline(body.len()) {
         return Ok(st.cache.lookup(&st.prefix, path, body, workers, now));
     }
-    let (job_st, path, body, job_workers) = (
-        st.clone(),
-        path.to_string(),
-        body.clone(),
-        workers.clone(),
-    );
+    let (job_st, path, body, job_workers) =
+        (st.clone(), path.to_string(), body.clone(), workers.clone());
     work.run(move || {
         job_st
             .cache

@@ -194,6 +194,9 @@ mod tests {
         assert_eq!((work.running(), work.waiting()), (0, 0));
         assert_eq!(work.run(|| 7).await, Ok(7));
         assert!(work.inline(1024) && !work.inline(1 << 20));
-        assert!(work.note_refusal() && !work.note_refusal(), "then throttled");
+        assert!(
+            work.note_refusal() && !work.note_refusal(),
+            "then throttled"
+        );
     }
 }
