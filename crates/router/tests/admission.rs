@@ -5,7 +5,10 @@
 use loadlink_router::admission::{AdmissionConfig, Overload, SLO_HEADER};
 use loadlink_router::policy::{MinTtft, Policy};
 use loadlink_router::{LoadSignal, RouterHandle};
+use loadlink_router::cache::PrefixSource;
+use loadlink_testkit::counting_worker::counting_worker;
 use loadlink_testkit::{router, scrape, wait_for, worker_json};
+use std::sync::atomic::Ordering::Relaxed;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -267,4 +270,55 @@ async fn clients_that_hang_up_while_queued_release_their_places() {
     nothing_left(&r, &e.url()).await;
     r.stop().await;
     e.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_queue_never_puts_more_than_the_cap_on_a_worker() {
+    let w = counting_worker(Duration::from_millis(20)).await;
+    // The approximate tree records each dispatch's prompt (work between the decision and the
+    // proxy's send), as it does for a worker without KV events.
+    let r = router(vec![w.url.clone()], LoadSignal::Backlog, |c| {
+        c.policy = Policy::MinTtft(MinTtft::default());
+        c.prefix_source = PrefixSource::Approx;
+        c.admission = AdmissionConfig {
+            max_engine_requests: Some(0),
+            overload: Overload::Queue {
+                size: 256,
+                timeout_ms: 60_000,
+            },
+            ..Default::default()
+        };
+    })
+    .await;
+    let c = reqwest::Client::new();
+    wait_for("the worker's load is fresh", 20, || async {
+        worker_json(&c, &r.url(), &w.url).await["source"] == "engine"
+    })
+    .await;
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let (c, url) = (c.clone(), r.url());
+            tokio::spawn(async move {
+                let text = format!("queued prompt {i} ").repeat(500);
+                c.post(format!("{url}/v1/completions"))
+                    .json(&json!({ "prompt": text, "max_tokens": 1 }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200, "every request is admitted in turn");
+    }
+    // A cap of 0 admits to a worker that holds none: one at a time.
+    assert_eq!(
+        w.peak.load(Relaxed),
+        1,
+        "the most requests the worker held at once"
+    );
+    nothing_left(&r, &w.url).await;
+    r.stop().await;
 }

@@ -9,6 +9,7 @@
 //!
 //! * [`background`]: a second runtime for workers and clients, so a test can watch the router's
 //!   own runtime alone.
+//! * [`counting_worker`]: a worker that publishes, and remembers the peak of, what it holds.
 //! * [`wait`]: bounded polling of a condition, async and blocking.
 //! * [`kv`]: the SGLang `--kv-events-config` JSON and the `/server_info` descriptor a worker shows.
 //! * [`engine`] / [`router`]: in-process starters on free ports, and router-side readers.
@@ -24,6 +25,7 @@
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
 pub mod background;
+pub mod counting_worker;
 pub mod engine;
 pub mod http;
 pub mod kv;
