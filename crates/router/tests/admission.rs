@@ -295,23 +295,27 @@ async fn a_draining_queue_never_puts_more_than_the_cap_on_a_worker() {
         worker_json(&c, &r.url(), &w.url).await["source"] == "engine"
     })
     .await;
-    let tasks: Vec<_> = (0..60)
-        .map(|i| {
-            let (c, url) = (c.clone(), r.url());
-            tokio::spawn(async move {
-                let text = format!("queued prompt {i} ").repeat(500);
-                c.post(format!("{url}/v1/completions"))
-                    .json(&json!({ "prompt": text, "max_tokens": 1 }))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
+    // Bursts of arrivals with long prompts: each decision races the others' dispatches, and
+    // the queue drains while new requests keep arriving.
+    for round in 0..3 {
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let (c, url) = (c.clone(), r.url());
+                tokio::spawn(async move {
+                    let text = format!("queued prompt {round} {i} ").repeat(10_000);
+                    c.post(format!("{url}/v1/completions"))
+                        .json(&json!({ "prompt": text, "max_tokens": 1 }))
+                        .send()
+                        .await
+                        .unwrap()
+                        .status()
+                        .as_u16()
+                })
             })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.unwrap(), 200, "every request is admitted in turn");
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), 200, "every request is admitted in turn");
+        }
     }
     // A cap of 0 admits to a worker that holds none: one at a time.
     assert_eq!(
