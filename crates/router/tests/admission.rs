@@ -3,13 +3,13 @@
 //! once with 429 and `Retry-After`, and nothing is left behind (no in-flight count, no queue).
 
 use loadlink_router::admission::{AdmissionConfig, Overload, SLO_HEADER};
+use loadlink_router::cache::PrefixSource;
 use loadlink_router::policy::{MinTtft, Policy};
 use loadlink_router::{LoadSignal, RouterHandle};
-use loadlink_router::cache::PrefixSource;
 use loadlink_testkit::counting_worker::counting_worker;
 use loadlink_testkit::{router, scrape, wait_for, worker_json};
-use std::sync::atomic::Ordering::Relaxed;
 use serde_json::json;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// How one streaming request ended: its status, and the time to its first body chunk (or to the
@@ -297,7 +297,7 @@ async fn a_draining_queue_never_puts_more_than_the_cap_on_a_worker() {
     .await;
     // Bursts of arrivals with long prompts: each decision races the others' dispatches, and
     // the queue drains while new requests keep arriving.
-    for round in 0..3 {
+    for round in 0..5 {
         let tasks: Vec<_> = (0..40)
             .map(|i| {
                 let (c, url) = (c.clone(), r.url());
