@@ -13,8 +13,15 @@
 //!   FIFO (`--admission-queue-size`) whose head waits for a worker within the caps until its
 //!   deadline (`--admission-queue-timeout-ms`), then 429.
 //!
-//! The decision is pure over a [`View`] ([`Capped`] hides workers over a cap from any policy); the
-//! queue is the only state, and the proxy owns when to wait on it.
+//! The rules are pure ([`rules`]: the gate, the capped pick, the queue's room; [`Capped`] hides
+//! workers over a cap from any policy), shared with the simulator. This module holds the state
+//! around them, and every count it takes is a guard: a queued place ([`Queued`]) and the head's
+//! turn are released when the request's future is dropped, so a client that hangs up cannot
+//! leave the queue looking full. Under caps, a decision and its dispatch count (the proxy's
+//! in-flight guard) happen under one short gate, and the head hands its turn on only after its
+//! dispatch is counted, so the queue cannot drain past the caps in bursts.
+//!
+//! [`View`]: crate::policy::View
 
 pub mod rules;
 
