@@ -107,10 +107,11 @@ pub async fn proxied(State(st): State<Arc<AppState>>, req: Request) -> Response 
     }
 }
 
-/// The request body, or the 413/408 to answer instead.
+/// The request body, or the 413/408 to answer instead (a 413 is counted as `request_too_large`).
 async fn read_body(st: &AppState, parts: &Parts, body: Body) -> Result<Bytes, Response> {
     let limit = st.cfg.max_body_bytes;
     let too_big = || {
+        st.fleet.refusals.add(BudgetRefusal::RequestTooLarge, 1);
         error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             &format!("request body exceeds --max-body-bytes ({limit} bytes)"),
