@@ -36,7 +36,7 @@ use engine::SimEngine;
 use events::{Ev, Item};
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
-use loadlink_router::admission::AdmissionConfig;
+use loadlink_router::admission::{AdmissionConfig, Gate};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
@@ -359,19 +359,24 @@ impl Sim<'_> {
             .with_cache_sizes(&sizes);
         view.now_ms = ms(t);
         let cfg = self.cfg;
-        let open = cfg
+        let gate = cfg
             .admission
             .as_ref()
-            .is_none_or(|a| admission::open(&view, a));
-        let pick = match (&cfg.admission, open) {
+            .map_or(Gate::Admit, |a| admission::gate(&view, a, None));
+        let pick = match (&cfg.admission, gate) {
             (None, _) => policy.pick(&view, i as u64),
-            (Some(adm), true) => admission::pick(&policy, &view, adm, i as u64),
-            (Some(_), false) => None,
+            (Some(adm), Gate::Admit) => admission::pick(&policy, &view, adm, i as u64),
+            (Some(_), _) => None,
         };
-        if let (Some(adm), false) = (&cfg.admission, open) {
+        if let (Some(adm), false) = (&cfg.admission, gate == Gate::Admit) {
             (self.cached, self.sizes) = (cached, sizes);
             if arrival {
-                match self.admit[r].refuse(adm, i, t) {
+                // Refused by the gate (reject mode) or told to wait (queued while there is room).
+                let queued = match gate {
+                    Gate::Wait => self.admit[r].refuse(adm, i, t),
+                    _ => Refused::Rejected,
+                };
+                match queued {
                     Refused::Rejected => self.reject(),
                     Refused::Queued => self.schedule_poll(r, t),
                 }

@@ -47,6 +47,15 @@ pub struct Budgets {
     /// Consecutive empty answers of a membership source before its workers are removed
     /// (`--membership-empty-answers`).
     pub membership_empty_answers: u32,
+    /// Threads that run request-path CPU work (body parse, tokenization, block hashing) off the
+    /// async executor; 0: one per core (`--request-work-threads`). See [`crate::request_work`].
+    pub request_work_threads: usize,
+    /// Requests whose CPU work may wait for one of those threads; beyond it 503
+    /// (`request_too_large`) (`--request-work-queue`).
+    pub request_work_queue: usize,
+    /// Bodies up to this size are worked inline on the executor, where the work costs less than
+    /// the hop to a thread (`--request-work-inline-bytes`).
+    pub request_work_inline_bytes: usize,
 }
 
 impl Default for Budgets {
@@ -65,6 +74,9 @@ impl Default for Budgets {
             index_blocks_per_rank: 1 << 20,
             trust_advertised_hosts: false,
             membership_empty_answers: 3,
+            request_work_threads: 0,
+            request_work_queue: 64,
+            request_work_inline_bytes: 16 << 10,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod peer_http;
 pub mod policy;
 pub mod poll;
 pub mod proxy;
+pub mod request_work;
 pub mod server;
 pub mod state;
 pub mod subscribe;

@@ -363,6 +363,18 @@ fn write_control(e: &mut Exposition, st: &AppState) {
             a.admitted_after_wait.load(Relaxed),
         ),
         (
+            "loadlink_request_work_running",
+            MetricType::Gauge,
+            "Requests whose CPU work (parse, tokenize, hash) runs on the request-work pool",
+            a.work.running() as u64,
+        ),
+        (
+            "loadlink_request_work_waiting",
+            MetricType::Gauge,
+            "Requests whose CPU work waits for a request-work thread",
+            a.work.waiting() as u64,
+        ),
+        (
             "loadlink_membership_refreshes_total",
             MetricType::Counter,
             "Worker-list refreshes from --worker-urls-file or --worker-dns",

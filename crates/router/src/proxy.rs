@@ -8,9 +8,11 @@
 
 use crate::admission;
 use crate::book::{InflightGuard, Source, Worker};
+use crate::budget::Refusal as BudgetRefusal;
 use crate::cache::Lookup;
 use crate::fleet::FleetView;
 use crate::policy::mix;
+use crate::request_work::WorkError;
 use crate::state::{AppState, error_response};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -105,10 +107,11 @@ pub async fn proxied(State(st): State<Arc<AppState>>, req: Request) -> Response 
     }
 }
 
-/// The request body, or the 413/408 to answer instead.
+/// The request body, or the 413/408 to answer instead (a 413 is counted as `request_too_large`).
 async fn read_body(st: &AppState, parts: &Parts, body: Body) -> Result<Bytes, Response> {
     let limit = st.cfg.max_body_bytes;
     let too_big = || {
+        st.fleet.refusals.add(BudgetRefusal::RequestTooLarge, 1);
         error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             &format!("request body exceeds --max-body-bytes ({limit} bytes)"),
@@ -203,29 +206,40 @@ pub async fn forward(
     };
     let out = Outgoing::new(method, &uri, headers, body);
     let cfg = &st.cfg;
-    let lookup = cache_lookup(&st, uri.path(), &out.body, &workers);
+    let lookup = match cache_lookup(&st, uri.path(), &out.body, &workers).await {
+        Ok(l) => l,
+        Err(refused) => return refused,
+    };
     let mut view = FleetView::new(&workers, cfg.load_signal, cfg.freshness_ms);
     if let Some(l) = &lookup {
         view = view
             .with_prefix(l.prompt.prompt_tokens, &l.cached)
             .with_cache_sizes(&l.sizes);
     }
-    if let Err(refused) = admission::admit(&st, &mut view, budget).await {
-        return refused;
-    }
+    let first = admission::admit(&st, &mut view, budget, |v| {
+        dispatch(&st, v, lookup.as_ref(), 0)
+    })
+    .await;
+    let mut next = match first {
+        Ok(d) => d,
+        Err(refused) => return refused,
+    };
     let mut backoff = Backoff::new(cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms);
     let mut last_error = String::new();
     for attempt in 0..=cfg.max_retries {
-        let Some((seq, idx)) = pick(&st, &mut view, attempt) else {
+        if attempt > 0 {
+            view.now_ms = workers[0].now_ms();
+            next = dispatch(&st, &view, lookup.as_ref(), attempt);
+        }
+        let Some(Dispatch { seq, idx, guard }) = next.take() else {
             break;
         };
         let worker = &workers[idx];
-        let uncached = lookup.as_ref().map(|l| {
+        if let Some(l) = &lookup {
             st.cache.record_dispatch(l, &workers, idx, view.now_ms);
             worker.count_prefix(l.prompt.prompt_tokens, l.cached[idx]);
-            l.prompt.prompt_tokens.saturating_sub(l.cached[idx])
-        });
-        match try_worker(&st, worker, &out, started, uncached).await {
+        }
+        match try_worker(&st, guard, &out, started).await {
             Attempt::Answered(resp) => return resp,
             Attempt::Failed(failure) => {
                 worker.failed(cfg.breaker_threshold, cfg.breaker_cooldown_ms);
@@ -241,28 +255,82 @@ pub async fn forward(
     all_failed(&st, &last_error)
 }
 
-/// This request's cached prefix on every worker, when the policy prices caches.
-fn cache_lookup(st: &AppState, path: &str, body: &[u8], workers: &[Arc<Worker>]) -> Option<Lookup> {
+/// This request's cached prefix on every worker, when the policy prices caches. The parse,
+/// tokenization and hashing of a large body run on the request-work pool, off the executor
+/// ([`crate::request_work`]); a full pool is answered 503 at once.
+async fn cache_lookup(
+    st: &Arc<AppState>,
+    path: &str,
+    body: &Bytes,
+    workers: &Arc<Vec<Arc<Worker>>>,
+) -> Result<Option<Lookup>, Response> {
     if !st.cfg.policy.uses_cache() {
-        return None;
+        return Ok(None);
     }
-    let now = workers.first()?.now_ms();
-    st.cache.lookup(&st.prefix, path, body, workers, now)
+    let Some(now) = workers.first().map(|w| w.now_ms()) else {
+        return Ok(None);
+    };
+    let work = &st.admission.work;
+    if work.inline(body.len()) {
+        return Ok(st.cache.lookup(&st.prefix, path, body, workers, now));
+    }
+    let (job_st, path, body, job_workers) =
+        (st.clone(), path.to_string(), body.clone(), workers.clone());
+    work.run(move || {
+        job_st
+            .cache
+            .lookup(&job_st.prefix, &path, &body, &job_workers, now)
+    })
+    .await
+    .map_err(|e| work_refused(st, &e))
 }
 
-/// Picks a worker for this attempt and counts the decision. `None`: nobody is available.
-/// Workers over an admission cap are left out while any other may take the request.
-fn pick(st: &AppState, view: &mut FleetView<'_>, attempt: u32) -> Option<(u64, usize)> {
+/// The 503 for request work the pool could not take (counted as `request_too_large`).
+fn work_refused(st: &AppState, e: &WorkError) -> Response {
+    st.fleet.refusals.add(BudgetRefusal::RequestTooLarge, 1);
+    if st.admission.work.note_refusal() {
+        tracing::warn!("request refused: {e}");
+    }
+    let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+    r
+}
+
+/// A dispatch: the worker picked for one attempt, with its in-flight guard (the dispatch is
+/// counted from the moment this exists).
+struct Dispatch {
+    seq: u64,
+    idx: usize,
+    guard: InflightGuard,
+}
+
+/// Picks a worker for this attempt and counts the dispatch. `None`: nobody is available.
+fn dispatch(
+    st: &AppState,
+    view: &FleetView<'_>,
+    lookup: Option<&Lookup>,
+    attempt: u32,
+) -> Option<Dispatch> {
+    let (seq, idx) = pick(st, view, attempt)?;
+    let worker = view.workers[idx].clone();
+    let guard = match lookup {
+        Some(l) => {
+            let uncached = l.prompt.prompt_tokens.saturating_sub(l.cached[idx]);
+            InflightGuard::with_tokens(worker, uncached)
+        }
+        None => InflightGuard::new(worker),
+    };
+    Some(Dispatch { seq, idx, guard })
+}
+
+/// Picks a worker for this attempt (at the view's `now`) and counts the decision. `None`: nobody
+/// is available. Workers over an admission cap are left out while any other may take the request
+/// ([`admission::rules::pick`]).
+fn pick(st: &AppState, view: &FleetView<'_>, attempt: u32) -> Option<(u64, usize)> {
     let cfg = &st.cfg;
     let seq = st.seq.fetch_add(1, Relaxed);
-    view.now_ms = view.workers[0].now_ms();
-    let capped = cfg
-        .admission
-        .capped()
-        .then(|| admission::Capped::new(&*view, &cfg.admission));
-    let idx = capped
-        .and_then(|c| cfg.policy.pick(&c, seq))
-        .or_else(|| cfg.policy.pick(&*view, seq))?;
+    let idx = admission::rules::pick(&cfg.policy, view, &cfg.admission, seq)?;
     if attempt > 0 {
         st.metrics.retries.fetch_add(1, Relaxed);
     }
@@ -275,18 +343,14 @@ fn pick(st: &AppState, view: &mut FleetView<'_>, attempt: u32) -> Option<(u64, u
     Some((seq, idx))
 }
 
-/// One attempt on `worker`, holding an in-flight guard from dispatch on.
+/// One attempt on the guard's worker; the guard (counted at dispatch) rides on the answer.
 async fn try_worker(
     st: &AppState,
-    worker: &Arc<Worker>,
+    guard: InflightGuard,
     out: &Outgoing,
     started: Instant,
-    uncached_tokens: Option<u64>,
 ) -> Attempt {
-    let guard = match uncached_tokens {
-        Some(t) => InflightGuard::with_tokens(worker.clone(), t),
-        None => InflightGuard::new(worker.clone()),
-    };
+    let worker = guard.worker().clone();
     let req = match out.to(&worker.url) {
         Ok(r) => r,
         Err(e) => {

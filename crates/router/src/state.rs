@@ -51,7 +51,7 @@ impl AppState {
         };
         Ok(AppState {
             prefix,
-            admission: Default::default(),
+            admission: crate::admission::AdmissionState::new(&cfg.budgets),
             fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone())
                 .with_budgets(cfg.budgets.clone())
                 .with_polling(cfg.poll_config()),

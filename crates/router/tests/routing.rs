@@ -383,6 +383,11 @@ async fn admin_api_and_bad_input() {
         .await
         .unwrap();
     assert_eq!(big.status(), 413);
+    let refused = scrape(&c, &r.url()).await.value(
+        "loadlink_peer_refusals_total",
+        &[("reason", "request_too_large")],
+    );
+    assert_eq!(refused, Some(1.0), "a body over its budget is counted");
     assert_eq!(
         c.get(format!("{}/nope", r.url()))
             .send()

@@ -7,6 +7,9 @@
 //! depends on `loadlink-engine`) for integration tests, which link the crate as a normal library.
 //! Unit tests inside `src/` cannot use it: they would see a second, distinct copy of their crate.
 //!
+//! * [`background`]: a second runtime for workers and clients, so a test can watch the router's
+//!   own runtime alone.
+//! * [`counting_worker`]: a worker that publishes, and remembers the peak of, what it holds.
 //! * [`wait`]: bounded polling of a condition, async and blocking.
 //! * [`kv`]: the SGLang `--kv-events-config` JSON and the `/server_info` descriptor a worker shows.
 //! * [`engine`] / [`router`]: in-process starters on free ports, and router-side readers.
@@ -24,6 +27,8 @@
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
+pub mod background;
+pub mod counting_worker;
 pub mod engine;
 pub mod hostile_http;
 pub mod hostile_pub;

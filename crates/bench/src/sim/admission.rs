@@ -1,5 +1,7 @@
-//! Admission control in virtual time: the router's own rule (`loadlink_router::admission`), so the
+//! Admission control in virtual time: the router's own pure rules
+//! (`loadlink_router::admission::rules`: the gate, the capped pick, the queue's room), so the
 //! overload evidence measures the code that runs in `loadlink route`, not a re-implementation.
+//! Only the queue itself (a FIFO in virtual time) lives here.
 //!
 //! * **The gate** is production's: a request is admitted when some worker is within the caps of
 //!   the production [`Capped`] view (a cap on a figure the book does not know does not apply), and
@@ -15,32 +17,14 @@
 //!   the head can be due). As in production, a new arrival that passes the gate is admitted at
 //!   once, ahead of the queue. Its TTFT counts from its arrival, queue time included.
 
-use loadlink_router::View;
-use loadlink_router::admission::{AdmissionConfig, Capped, Overload};
-use loadlink_router::policy::Policy;
+pub use loadlink_router::admission::rules::{gate, open, pick};
+
+use loadlink_router::admission::rules::queue_has_room;
+use loadlink_router::admission::{AdmissionConfig, Overload};
 use std::collections::VecDeque;
 
 /// How often the head of a replica's queue is re-priced (production polls every 5 ms).
 pub const QUEUE_POLL_S: f64 = 0.005;
-
-/// Whether some worker of `view` is within the caps (always, without caps).
-pub fn open(view: &impl View, cfg: &AdmissionConfig) -> bool {
-    let c = Capped::new(view, cfg);
-    !cfg.capped() || (0..c.len()).any(|i| c.available(i))
-}
-
-/// The policy's pick over the capped view, or over the whole view when it picks nobody there.
-pub fn pick(
-    policy: &Policy,
-    view: &impl View,
-    cfg: &AdmissionConfig,
-    entropy: u64,
-) -> Option<usize> {
-    let capped = cfg.capped().then(|| Capped::new(view, cfg));
-    capped
-        .and_then(|c| policy.pick(&c, entropy))
-        .or_else(|| policy.pick(view, entropy))
-}
 
 /// What happens to a request the gate refused on arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +47,7 @@ impl AdmissionQueue {
     /// A request refused at `t`: queued (queue mode, room left) or rejected.
     pub fn refuse(&mut self, cfg: &AdmissionConfig, i: usize, t: f64) -> Refused {
         match cfg.overload {
-            Overload::Queue { size, timeout_ms } if self.entries.len() < size => {
+            Overload::Queue { timeout_ms, .. } if queue_has_room(cfg, self.entries.len()) => {
                 self.entries.push_back((i, t + timeout_ms as f64 / 1e3));
                 Refused::Queued
             }

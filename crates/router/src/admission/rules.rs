@@ -1,27 +1,12 @@
-//! Admission control: what the router does when no worker should take another request.
+//! The admission rules, pure: no I/O, no clock, no state. The caller passes the loads (a
+//! [`View`] whose `now` it has set) and, for the queue, how many already wait.
 //!
-//! * **Caps** (each optional, per worker): requests the engine holds (`--max-engine-requests`:
-//!   its reported running + waiting, plus what this router dispatched since the snapshot; set it
-//!   above the batch size to cap the queue), KV usage (`--max-kv-usage`) and predicted
-//!   wait (`--max-predicted-wait-ms`, `min_ttft`'s prediction for this request). A worker over a cap
-//!   is not a candidate; a cap on a figure the router does not know (stale or no load stream) does
-//!   not apply: admission fails open, as SGLang's router does, rather than refusing a fleet it
-//!   cannot see.
-//! * **A TTFT budget per request**: the `x-sgl-ttft-slo-ms` header (SGLang router's name). A request
-//!   whose best predicted TTFT exceeds its budget is refused at once, not queued to miss it.
-//! * **Overload answer** (`--admission reject|queue`): 429 with `Retry-After` at once, or a bounded
-//!   FIFO (`--admission-queue-size`) whose head waits for a worker within the caps until its
-//!   deadline (`--admission-queue-timeout-ms`), then 429.
-//!
-//! The decision is pure over a [`View`] ([`Capped`] hides workers over a cap from any policy); the
-//! queue is the only state, and the proxy owns when to wait on it.
+//! They were written three times (the router's admission, the proxy's pick, the simulator) and
+//! had begun to drift; now the live router (`admission::admit`, `proxy::pick`) and the
+//! simulator (`loadlink-bench`'s `sim/admission.rs`) call these, so the overload evidence
+//! measures the rules that run in `loadlink route`.
 
-use crate::fleet::FleetView;
-use crate::policy::{MinTtft, View};
-use crate::state::{AppState, error_response};
-use axum::http::StatusCode;
-use axum::response::Response;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use crate::policy::{MinTtft, Policy, View};
 use std::time::Duration;
 
 /// The request header carrying a TTFT budget in milliseconds.
@@ -187,6 +172,63 @@ impl Refusal {
     }
 }
 
+/// What the rules say about a request on arrival.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Gate {
+    /// Some worker may take it now: pick (with [`pick`]) and count the dispatch.
+    Admit,
+    /// Refused at once; the best predicted TTFT (s) within the caps, for `Retry-After`.
+    Refuse(Refusal, Option<f64>),
+    /// Every worker is over a cap and the overload mode is `queue`: it may wait (if
+    /// [`queue_has_room`]) until [`open`].
+    Wait,
+}
+
+/// The decision on arrival for a request with TTFT `budget` over `view` (its `now` set).
+pub fn gate(view: &impl View, cfg: &AdmissionConfig, budget: Option<Duration>) -> Gate {
+    if let Some(limit) = budget {
+        let best = Capped::new(view, cfg).best_ttft_s();
+        if best.is_none_or(|s| s > limit.as_secs_f64()) {
+            return Gate::Refuse(Refusal::SloUnreachable, best);
+        }
+    }
+    if open(view, cfg) {
+        return Gate::Admit;
+    }
+    match cfg.overload {
+        Overload::Reject => Gate::Refuse(Refusal::Overloaded, Capped::new(view, cfg).best_ttft_s()),
+        Overload::Queue { .. } => Gate::Wait,
+    }
+}
+
+/// Whether some worker of `view` is within the caps (always, without caps).
+pub fn open(view: &impl View, cfg: &AdmissionConfig) -> bool {
+    if !cfg.capped() {
+        return true;
+    }
+    let c = Capped::new(view, cfg);
+    (0..c.len()).any(|i| c.available(i))
+}
+
+/// Whether one more request may join a queue that `queued` requests already wait in.
+pub fn queue_has_room(cfg: &AdmissionConfig, queued: usize) -> bool {
+    matches!(cfg.overload, Overload::Queue { size, .. } if queued < size)
+}
+
+/// The policy's pick over the capped view, or over the whole view when it picks nobody there
+/// (a retry, or a cap on a figure nobody knows).
+pub fn pick(
+    policy: &Policy,
+    view: &impl View,
+    cfg: &AdmissionConfig,
+    entropy: u64,
+) -> Option<usize> {
+    let capped = cfg.capped().then(|| Capped::new(view, cfg));
+    capped
+        .and_then(|c| policy.pick(&c, entropy))
+        .or_else(|| policy.pick(view, entropy))
+}
+
 /// `Retry-After` seconds for a refusal when the best worker's predicted TTFT is `best_s`: at least
 /// one second, else roughly when that worker's queue will have drained.
 pub fn retry_after_s(best_s: Option<f64>) -> u64 {
@@ -203,96 +245,6 @@ pub fn slo_budget(value: Option<&str>) -> Result<Option<Duration>, String> {
             .map(|ms| Some(Duration::from_millis(ms)))
             .map_err(|_| format!("{SLO_HEADER}: expected milliseconds as an integer, got {v:?}")),
     }
-}
-
-/// The bounded FIFO and the counters `/metrics` shows.
-#[derive(Debug, Default)]
-pub struct AdmissionState {
-    /// FIFO: the head holds the lock while it waits for a worker within the caps.
-    pub queue: tokio::sync::Mutex<()>,
-    pub queued: AtomicUsize,
-    pub admitted_after_wait: AtomicU64,
-    pub refused: [AtomicU64; Refusal::ALL.len()],
-}
-
-impl AdmissionState {
-    pub fn refuse(&self, why: Refusal) {
-        self.refused[why as usize].fetch_add(1, Relaxed);
-    }
-}
-
-/// Admits the request described by `view` (and its TTFT `budget`), or answers the refusal: at
-/// once, or after waiting at the head of the admission FIFO.
-pub async fn admit(
-    st: &AppState,
-    view: &mut FleetView<'_>,
-    budget: Option<Duration>,
-) -> Result<(), Response> {
-    let cfg = &st.cfg.admission;
-    if !cfg.capped() && budget.is_none() {
-        return Ok(());
-    }
-    let state = &st.admission;
-    view.now_ms = view.workers.first().map_or(0, |w| w.now_ms());
-    if let Some(limit) = budget {
-        let best = Capped::new(&*view, cfg).best_ttft_s();
-        if best.is_none_or(|s| s > limit.as_secs_f64()) {
-            return Err(refusal(state, Refusal::SloUnreachable, best));
-        }
-    }
-    let open = |v: &FleetView<'_>| {
-        let c = Capped::new(v, cfg);
-        (0..c.len()).any(|i| c.available(i))
-    };
-    if !cfg.capped() || open(view) {
-        return Ok(());
-    }
-    let Overload::Queue { size, timeout_ms } = cfg.overload else {
-        return Err(refusal(
-            state,
-            Refusal::Overloaded,
-            Capped::new(&*view, cfg).best_ttft_s(),
-        ));
-    };
-    if state.queued.fetch_add(1, Relaxed) >= size {
-        state.queued.fetch_sub(1, Relaxed);
-        return Err(refusal(state, Refusal::QueueFull, None));
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
-    let waited = tokio::time::timeout_at(deadline, async {
-        let _head = state.queue.lock().await;
-        loop {
-            view.now_ms = view.workers.first().map_or(0, |w| w.now_ms());
-            if open(view) {
-                return;
-            }
-            tokio::time::sleep(QUEUE_POLL).await;
-        }
-    })
-    .await;
-    state.queued.fetch_sub(1, Relaxed);
-    match waited {
-        Ok(()) => {
-            state.admitted_after_wait.fetch_add(1, Relaxed);
-            Ok(())
-        }
-        Err(_) => Err(refusal(state, Refusal::QueueTimeout, None)),
-    }
-}
-
-/// How often the head of the queue looks for a worker within the caps (loads change at the
-/// engines' publish rate, a few ms).
-const QUEUE_POLL: Duration = Duration::from_millis(5);
-
-/// The 429 for `why`, counted, with `Retry-After` from the best predicted TTFT.
-fn refusal(state: &AdmissionState, why: Refusal, best_s: Option<f64>) -> Response {
-    state.refuse(why);
-    let mut r = error_response(StatusCode::TOO_MANY_REQUESTS, why.message());
-    r.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        axum::http::HeaderValue::from(retry_after_s(best_s)),
-    );
-    r
 }
 
 #[cfg(test)]
@@ -322,6 +274,15 @@ mod tests {
         }
     }
 
+    fn cfg(overload: Overload) -> AdmissionConfig {
+        AdmissionConfig {
+            max_engine_requests: Some(10),
+            max_kv_usage: Some(0.95),
+            max_predicted_wait_ms: Some(2000),
+            overload,
+        }
+    }
+
     #[test]
     fn caps_hide_workers_over_them_and_fail_open_on_unknown_figures() {
         let v = V(vec![
@@ -330,17 +291,8 @@ mod tests {
             (Some(2), 0.2, Some(9.0)),
             (None, 0.0, None),
         ]);
-        let cfg = AdmissionConfig {
-            max_engine_requests: Some(10),
-            max_kv_usage: Some(0.95),
-            max_predicted_wait_ms: Some(2000),
-            overload: Overload::Reject,
-        };
-        let c = Capped {
-            inner: &v,
-            cfg: &cfg,
-            predictor: MinTtft::default(),
-        };
+        let cfg = cfg(Overload::Reject);
+        let c = Capped::new(&v, &cfg);
         let ok: Vec<bool> = (0..4).map(|i| c.available(i)).collect();
         assert_eq!(
             ok,
@@ -348,6 +300,32 @@ mod tests {
             "each cap, and an unknown worker passes"
         );
         assert!(!AdmissionConfig::default().capped() && cfg.capped());
+        assert_eq!(pick(&Policy::LeastLoad, &v, &cfg, 0), Some(3));
+    }
+
+    #[test]
+    fn the_gate_admits_refuses_or_queues() {
+        let full = V(vec![(Some(50), 0.2, Some(0.1))]);
+        let room = V(vec![(Some(1), 0.2, Some(0.1))]);
+        let queue = Overload::Queue {
+            size: 2,
+            timeout_ms: 10,
+        };
+        assert_eq!(gate(&room, &cfg(queue), None), Gate::Admit);
+        assert_eq!(gate(&full, &cfg(queue), None), Gate::Wait);
+        assert!(matches!(
+            gate(&full, &cfg(Overload::Reject), None),
+            Gate::Refuse(Refusal::Overloaded, _)
+        ));
+        assert!(matches!(
+            gate(&room, &cfg(queue), Some(Duration::ZERO)),
+            Gate::Refuse(Refusal::SloUnreachable, Some(_))
+        ));
+        assert_eq!(gate(&full, &AdmissionConfig::default(), None), Gate::Admit);
+        assert!(queue_has_room(&cfg(queue), 1) && !queue_has_room(&cfg(queue), 2));
+        assert!(!queue_has_room(&cfg(Overload::Reject), 0));
+        // Over every cap, the pick falls back to the whole view (retries, unknown figures).
+        assert_eq!(pick(&Policy::LeastLoad, &full, &cfg(queue), 0), Some(0));
     }
 
     #[test]
