@@ -2,7 +2,7 @@
 //! dispatcher reads them), the engine's request counters and the publisher's per-sink outcomes,
 //! written through the one Prometheus writer (`loadlink_wire::prom`), one family at a time.
 
-use crate::http::AppState;
+use crate::state::AppState;
 use crate::rank::CacheCounters;
 use axum::extract::State;
 use axum::http::header;

@@ -3,7 +3,7 @@
 //! [`crate::metrics`].
 
 use crate::api::{Route, parse_chat, parse_completions, parse_generate};
-use crate::http::AppState;
+use crate::state::AppState;
 use crate::model::Submit;
 use crate::rank::{Command, wall_now};
 use crate::reply::{AbortGuard, Reply, error, json_response, stream_response};
