@@ -106,7 +106,10 @@ struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        crate::live::procs::terminate(std::slice::from_mut(&mut self.0), crate::live::procs::OWN_GRACE);
+        crate::live::procs::terminate(
+            std::slice::from_mut(&mut self.0),
+            crate::live::procs::OWN_GRACE,
+        );
     }
 }
 

@@ -14,8 +14,8 @@ use std::path::Path;
 pub fn overlay<T: Serialize + DeserializeOwned>(args: &T, path: &Path) -> Result<T> {
     let shown = path.display();
     let text = std::fs::read_to_string(path).with_context(|| format!("--config {shown}"))?;
-    let file: Value = serde_json::from_str(&text)
-        .with_context(|| format!("--config {shown}: not valid JSON"))?;
+    let file: Value =
+        serde_json::from_str(&text).with_context(|| format!("--config {shown}: not valid JSON"))?;
     let Value::Object(file) = file else {
         bail!("--config {shown}: expected a JSON object of flag names and values");
     };

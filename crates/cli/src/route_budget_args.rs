@@ -75,18 +75,33 @@ impl BudgetArgs {
     /// its flag.
     pub fn apply(&self, cfg: &mut RouterConfig) -> Result<()> {
         for (flag, v) in [
-            ("--discovery-max-body-bytes", self.discovery_max_body_bytes as u64),
+            (
+                "--discovery-max-body-bytes",
+                self.discovery_max_body_bytes as u64,
+            ),
             ("--discovery-timeout-ms", self.discovery_timeout_ms),
-            ("--load-poll-max-body-bytes", self.load_poll_max_body_bytes as u64),
+            (
+                "--load-poll-max-body-bytes",
+                self.load_poll_max_body_bytes as u64,
+            ),
             ("--fanout-max-body-bytes", self.fanout_max_body_bytes as u64),
             ("--fanout-timeout-ms", self.fanout_timeout_ms),
             ("--max-ranks", self.max_ranks as u64),
-            ("--load-message-max-bytes", self.load_message_max_bytes as u64),
+            (
+                "--load-message-max-bytes",
+                self.load_message_max_bytes as u64,
+            ),
             ("--kv-message-max-bytes", self.kv_message_max_bytes as u64),
             ("--socket-queue-bytes", self.socket_queue_bytes as u64),
             ("--ingest-batch-messages", self.ingest_batch_messages as u64),
-            ("--kv-index-max-blocks-per-rank", self.kv_index_max_blocks_per_rank as u64),
-            ("--membership-empty-answers", u64::from(self.membership_empty_answers)),
+            (
+                "--kv-index-max-blocks-per-rank",
+                self.kv_index_max_blocks_per_rank as u64,
+            ),
+            (
+                "--membership-empty-answers",
+                u64::from(self.membership_empty_answers),
+            ),
         ] {
             ensure!(v > 0, "{flag} must be at least 1, got 0");
         }

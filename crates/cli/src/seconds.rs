@@ -54,7 +54,11 @@ mod tests {
         assert_eq!(drain_delay("0"), Ok(0.0));
         assert_eq!(run_duration("0.5"), Ok(0.5));
         for bad in ["inf", "NaN", "-1", "1e300", "x"] {
-            assert!(drain_timeout(bad).unwrap_err().starts_with("--drain-timeout: "));
+            assert!(
+                drain_timeout(bad)
+                    .unwrap_err()
+                    .starts_with("--drain-timeout: ")
+            );
             assert!(drain_delay(bad).unwrap_err().starts_with("--drain-delay: "));
             assert!(run_duration(bad).unwrap_err().starts_with("--duration: "));
         }

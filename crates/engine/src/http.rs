@@ -14,8 +14,8 @@ use crate::flavor::Flavor;
 use crate::rank::{RankHandle, spawn};
 use crate::reply::error;
 use crate::routes::{generate, get_load, loads, model_info, models, server_info};
-pub use crate::state::EngineConfig;
 use crate::state::AppState;
+pub use crate::state::EngineConfig;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -214,8 +214,9 @@ fn start_ranks(cfg: &EngineConfig, settings: &EngineSettings) -> Vec<RankHandle>
 /// Removes the slot files of engines that died without a shutdown (see
 /// [`loadlink_publish::stale_slots`]), so SIGKILLed engines do not fill `/dev/shm`.
 fn remove_stale_slots() {
-    let removed =
-        loadlink_publish::remove_stale_slot_files(Path::new(loadlink_publish::stale_slots::SHM_DIR));
+    let removed = loadlink_publish::remove_stale_slot_files(Path::new(
+        loadlink_publish::stale_slots::SHM_DIR,
+    ));
     if !removed.is_empty() {
         tracing::info!(
             "removed {} slot files of engines that are gone: {removed:?}",

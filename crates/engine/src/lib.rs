@@ -20,5 +20,5 @@ pub use loadlink_wire::tokenize;
 pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
 pub use flavor::Flavor;
 pub use http::{Engine, EngineError};
-pub use state::EngineConfig;
 pub use model::{ModelConfig, Timing};
+pub use state::EngineConfig;

@@ -69,4 +69,3 @@ pub(crate) struct AppState {
     /// Set when a drain begins: `/readiness` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
-

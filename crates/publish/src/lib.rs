@@ -24,6 +24,6 @@ pub use publisher::{
     CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,
 };
 pub use shm_sink::{ShmReader, ShmSink, read_slots};
-pub use stale_slots::remove_stale_slot_files;
 pub use sink::{Encoded, Sink, SinkError, WriteOutcome};
+pub use stale_slots::remove_stale_slot_files;
 pub use zmq_sinks::{PubSink, PushSink};

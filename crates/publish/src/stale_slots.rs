@@ -69,8 +69,14 @@ mod tests {
         let removed = remove_stale_slot_files(dir.path());
         assert_eq!(removed, vec![dir.path().join(&files[0])]);
         assert!(!dir.path().join(&files[0]).exists());
-        assert!(dir.path().join(&files[1]).exists(), "a live engine's file stays");
-        assert!(dir.path().join(&files[2]).exists(), "not a loadlink engine's file");
+        assert!(
+            dir.path().join(&files[1]).exists(),
+            "a live engine's file stays"
+        );
+        assert!(
+            dir.path().join(&files[2]).exists(),
+            "not a loadlink engine's file"
+        );
     }
 
     #[test]

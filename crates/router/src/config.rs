@@ -156,9 +156,18 @@ mod tests {
             drain_seconds("--drain-delay", 2.5),
             Ok(Duration::from_millis(2500))
         );
-        for bad in [f64::INFINITY, f64::NAN, -1.0, 1e300, MAX_DRAIN_SECONDS + 1.0] {
+        for bad in [
+            f64::INFINITY,
+            f64::NAN,
+            -1.0,
+            1e300,
+            MAX_DRAIN_SECONDS + 1.0,
+        ] {
             let e = drain_seconds("--drain-timeout", bad).unwrap_err();
-            assert!(e.starts_with("--drain-timeout: expected seconds between 0 and"), "{e}");
+            assert!(
+                e.starts_with("--drain-timeout: expected seconds between 0 and"),
+                "{e}"
+            );
         }
     }
 }

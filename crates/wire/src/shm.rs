@@ -228,7 +228,13 @@ mod tests {
         let name = path.rsplit('/').next().unwrap();
         assert_eq!(engine_slot_owner(name), Some(4242));
         // A wrong hash, another program's file, or a stray suffix is not an engine's file.
-        let forged = name.replace(".shm", "").rsplit_once('_').unwrap().0.to_string() + "_00000000.shm";
+        let forged = name
+            .replace(".shm", "")
+            .rsplit_once('_')
+            .unwrap()
+            .0
+            .to_string()
+            + "_00000000.shm";
         assert_ne!(forged, name);
         assert_eq!(engine_slot_owner(&forged), None);
         assert_eq!(engine_slot_owner("sglang_loads_default_0a1b2c3d.shm"), None);

@@ -219,7 +219,8 @@ mod tests {
         ));
         // Each shell has set its trap once its ready file exists (bounded wait).
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !(dir.path().join("polite-ready").exists() && dir.path().join("stubborn-ready").exists())
+        while !(dir.path().join("polite-ready").exists()
+            && dir.path().join("stubborn-ready").exists())
         {
             assert!(Instant::now() < deadline, "the shells did not start");
             std::thread::sleep(Duration::from_millis(20));
@@ -231,7 +232,10 @@ mod tests {
             "the polite child ran its SIGTERM handler"
         );
         let codes: Vec<_> = children.iter_mut().map(|c| c.try_wait().unwrap()).collect();
-        assert!(codes.iter().all(Option::is_some), "both are reaped: {codes:?}");
+        assert!(
+            codes.iter().all(Option::is_some),
+            "both are reaped: {codes:?}"
+        );
     }
 
     #[test]
