@@ -105,21 +105,22 @@ impl BudgetArgs {
         ] {
             ensure!(v > 0, "{flag} must be at least 1, got 0");
         }
-        cfg.budgets = Budgets {
-            discovery_body_bytes: self.discovery_max_body_bytes,
-            discovery_timeout: Duration::from_millis(self.discovery_timeout_ms),
-            poll_body_bytes: self.load_poll_max_body_bytes,
-            fanout_body_bytes: self.fanout_max_body_bytes,
-            fanout_timeout: Duration::from_millis(self.fanout_timeout_ms),
-            max_ranks: self.max_ranks,
-            load_message_bytes: self.load_message_max_bytes,
-            kv_message_bytes: self.kv_message_max_bytes,
-            socket_queue_bytes: self.socket_queue_bytes,
-            wakeup_messages: self.ingest_batch_messages,
-            index_blocks_per_rank: self.kv_index_max_blocks_per_rank,
-            trust_advertised_hosts: self.trust_advertised_hosts,
-            membership_empty_answers: self.membership_empty_answers,
-        };
+        // Field by field, so a budget added to `Budgets` later keeps its default until its flag
+        // is added here.
+        let b = &mut cfg.budgets;
+        b.discovery_body_bytes = self.discovery_max_body_bytes;
+        b.discovery_timeout = Duration::from_millis(self.discovery_timeout_ms);
+        b.poll_body_bytes = self.load_poll_max_body_bytes;
+        b.fanout_body_bytes = self.fanout_max_body_bytes;
+        b.fanout_timeout = Duration::from_millis(self.fanout_timeout_ms);
+        b.max_ranks = self.max_ranks;
+        b.load_message_bytes = self.load_message_max_bytes;
+        b.kv_message_bytes = self.kv_message_max_bytes;
+        b.socket_queue_bytes = self.socket_queue_bytes;
+        b.wakeup_messages = self.ingest_batch_messages;
+        b.index_blocks_per_rank = self.kv_index_max_blocks_per_rank;
+        b.trust_advertised_hosts = self.trust_advertised_hosts;
+        b.membership_empty_answers = self.membership_empty_answers;
         Ok(())
     }
 }
