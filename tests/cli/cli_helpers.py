@@ -5,9 +5,13 @@ pick whichever came first on `sys.path` when both suites run in one session."""
 
 from __future__ import annotations
 
+import glob
 import os
 import pathlib
 import socket
+import subprocess
+import time
+import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("LOADLINK_BIN") or str(REPO / "target" / "debug" / "loadlink")
@@ -42,3 +46,28 @@ def free_port_block(n: int) -> int:
 def free_port() -> int:
     """A free port not handed out before in this process."""
     return free_port_block(1)
+
+
+def wait_http(url: str, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer {url}")
+
+
+def start_engine() -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    p = subprocess.Popen([BIN, "engine", "--port", str(port), "--duration", "120"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/health", p, "engine")
+    return p, port
+
+
+def slot_files(engine_port: int, pid: int) -> list[str]:
+    return glob.glob(f"/dev/shm/sglang_loads_loadlink-engine-{engine_port}-{pid}_*.shm")

@@ -4,7 +4,6 @@ within `--drain-timeout`; an engine sent SIGTERM leaves no slot file in /dev/shm
 
 from __future__ import annotations
 
-import glob
 import http.client
 import json
 import signal
@@ -13,32 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from cli_helpers import BIN, free_port
-
-
-def wait_http(url: str, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not answer {url}")
-
-
-def start_engine() -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    p = subprocess.Popen([BIN, "engine", "--port", str(port), "--duration", "120"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_http(f"http://127.0.0.1:{port}/health", p, "engine")
-    return p, port
-
-
-def slot_files(engine_port: int, pid: int) -> list[str]:
-    return glob.glob(f"/dev/shm/sglang_loads_loadlink-engine-{engine_port}-{pid}_*.shm")
+from cli_helpers import BIN, free_port, slot_files, start_engine, wait_http
 
 
 def test_router_sigterm_drains_the_open_stream_and_refuses_new_connections():

@@ -101,13 +101,15 @@ impl FleetReport {
     }
 }
 
-/// A child process killed on drop.
+/// A child process stopped on drop: SIGTERM, then SIGKILL after a bound.
 struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        crate::live::procs::terminate(
+            std::slice::from_mut(&mut self.0),
+            crate::live::procs::OWN_GRACE,
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! The live experiment: real `loadlink engine` and `loadlink route` processes on loopback, driven
 //! over HTTP by the same seeded workload as the simulation, with time compressed by the engines'
 //! `--time-scale` (arrivals are sent at t / K, measured times are multiplied by K). Every process it
-//! starts is killed when the run ends (or fails).
+//! starts is stopped (SIGTERM, then SIGKILL after a bound) when the run ends (or fails).
 //!
 //! A run is: start the engines and wait until they answer; then per variant, flush the engines'
 //! caches, start the routers and wait until each knows every engine, drive the traffic while
@@ -18,7 +18,7 @@ use crate::scenario::{Scenario, arrivals};
 use crate::sim::Outcome;
 use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
-mod procs;
+pub(crate) mod procs;
 mod routers;
 pub(crate) mod scrape;
 mod traffic;

@@ -80,12 +80,27 @@ pub struct EngineArgs {
     #[arg(long, default_value = "loadlink-sim")]
     model_name: String,
     /// Stop after this many seconds (0: until SIGINT or SIGTERM).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::seconds::run_duration)]
     duration: f64,
-    /// On SIGTERM or SIGINT, stop accepting connections and let open requests (streams included)
-    /// finish for at most this many seconds, then exit. Set the orchestrator's grace period
-    /// (Kubernetes `terminationGracePeriodSeconds`) above it.
-    #[arg(long, default_value_t = 30.0, env = "LOADLINK_DRAIN_TIMEOUT")]
+    /// On SIGTERM, how many seconds /readiness answers 503 while requests are still served,
+    /// before the listener closes (for a load balancer in front of the engine; a loadlink router
+    /// needs none). SIGINT and the end of --duration skip it. 0 to 86400.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        env = "LOADLINK_DRAIN_DELAY",
+        value_parser = crate::seconds::drain_delay
+    )]
+    drain_delay: f64,
+    /// Then stop accepting connections and let open requests (streams included) finish for at
+    /// most this many seconds, and exit. Set the orchestrator's grace period (Kubernetes
+    /// `terminationGracePeriodSeconds`) above --drain-delay plus this. 0 to 86400.
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        env = "LOADLINK_DRAIN_TIMEOUT",
+        value_parser = crate::seconds::drain_timeout
+    )]
     drain_timeout: f64,
 }
 
@@ -130,9 +145,14 @@ pub fn run(a: EngineArgs) -> Result<()> {
     rt.block_on(async move {
         let engine = Engine::start(cfg).await?;
         println!("loadlink engine serving on {}", engine.url());
-        crate::until_stopped(a.duration).await;
-        let drain = std::time::Duration::from_secs_f64(a.drain_timeout.max(0.0));
-        crate::drain_within(a.drain_timeout, "engine", engine.stop_within(drain)).await;
+        let stop = crate::until_stopped(a.duration).await;
+        let delay = match stop {
+            crate::Stop::Terminate => std::time::Duration::from_secs_f64(a.drain_delay),
+            _ => std::time::Duration::ZERO,
+        };
+        // Both were checked by their parsers (0 to a day), so the conversions cannot panic.
+        let timeout = std::time::Duration::from_secs_f64(a.drain_timeout);
+        engine.drain(delay, timeout).await;
         Ok(())
     })
 }

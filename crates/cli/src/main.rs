@@ -2,12 +2,15 @@
 
 mod bench_cmd;
 mod bench_overload;
+mod config_file;
 mod demo_cmd;
 mod engine_cmd;
 mod logging;
 mod publish_cmd;
+mod route_budget_args;
 mod route_cmd;
 mod route_policy_args;
+mod seconds;
 mod watch_cmd;
 mod wire_cmd;
 
@@ -68,15 +71,26 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Returns after `duration` seconds (0: never), or on SIGINT (Ctrl-C) or SIGTERM (what
-/// Kubernetes, systemd and `docker stop` send), whichever comes first. Both signals mean the same:
-/// the caller drains and exits.
-pub(crate) async fn until_stopped(duration: f64) {
+/// What ended [`until_stopped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// `--duration` passed.
+    Elapsed,
+    /// SIGINT (Ctrl-C): someone at a terminal; no drain delay.
+    Interrupt,
+    /// SIGTERM (Kubernetes, systemd, `docker stop`): a load balancer may still send traffic, so
+    /// the drain delay applies.
+    Terminate,
+}
+
+/// Returns after `duration` seconds (0: never; checked by [`seconds::run_duration`]), or on
+/// SIGINT (Ctrl-C) or SIGTERM, whichever comes first, saying which. Either signal means: drain
+/// and exit.
+pub(crate) async fn until_stopped(duration: f64) -> Stop {
     let timer = async {
-        if duration > 0.0 {
-            tokio::time::sleep(std::time::Duration::from_secs_f64(duration)).await;
-        } else {
-            std::future::pending::<()>().await;
+        match std::time::Duration::try_from_secs_f64(duration) {
+            Ok(d) if !d.is_zero() => tokio::time::sleep(d).await,
+            _ => std::future::pending::<()>().await,
         }
     };
     let sigterm = async {
@@ -92,20 +106,15 @@ pub(crate) async fn until_stopped(duration: f64) {
         }
     };
     tokio::select! {
-        _ = timer => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
-        _ = sigterm => tracing::info!("SIGTERM: draining"),
-    }
-}
-
-/// Runs `stop` (a graceful drain) for at most `timeout_s` seconds; past it, says what was cut and
-/// returns so the process exits.
-pub(crate) async fn drain_within(timeout_s: f64, what: &str, stop: impl std::future::Future) {
-    let limit = std::time::Duration::from_secs_f64(timeout_s.max(0.0));
-    if tokio::time::timeout(limit, stop).await.is_err() {
-        tracing::warn!(
-            "{what}: open requests still running after --drain-timeout {timeout_s} s; exiting anyway"
-        );
+        _ = timer => Stop::Elapsed,
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!("SIGINT: draining");
+            Stop::Interrupt
+        }
+        _ = sigterm => {
+            tracing::info!("SIGTERM: draining");
+            Stop::Terminate
+        }
     }
 }
 

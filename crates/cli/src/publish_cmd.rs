@@ -35,7 +35,7 @@ pub struct PublishArgs {
     #[arg(long)]
     shm_path: Option<PathBuf>,
     /// Stop after this many seconds (0: run until killed).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::seconds::run_duration)]
     duration: f64,
 }
 

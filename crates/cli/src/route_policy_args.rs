@@ -6,9 +6,15 @@ use clap::Args;
 use loadlink_router::RouterConfig;
 use loadlink_router::admission::{AdmissionConfig, Overload};
 use loadlink_router::cache::PrefixSource;
+use loadlink_router::config::{DEFAULT_ADMISSION_QUEUE_SIZE, DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS};
 use loadlink_router::policy::{CacheAware, Policy};
+use serde::{Deserialize, Serialize};
 
-#[derive(Args)]
+fn prefix_source_name(s: &str) -> Result<String, String> {
+    PrefixSource::parse(s).map(|_| s.to_string())
+}
+
+#[derive(Args, Serialize, Deserialize)]
 pub struct CacheArgs {
     /// A Hugging Face tokenizer.json (or the directory holding it, with tokenizer_config.json for
     /// the chat template), so the router's block hashes match a real engine's. Default: the
@@ -17,25 +23,29 @@ pub struct CacheArgs {
     tokenizer: Option<std::path::PathBuf>,
     /// Tokens per KV page: the engines' page size (SGLang --page-size; shown per worker in
     /// /workers as kv_events.block_size).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = RouterConfig::default().page_size)]
     page_size: usize,
     /// Where cached prefixes come from: auto (the engine's KV events where a worker publishes
     /// them, else an approximate tree of what this router sent), kv-events, or approx.
-    #[arg(long, default_value = "auto", value_parser = PrefixSource::parse)]
-    prefix_source: PrefixSource,
+    #[arg(
+        long,
+        default_value_t = RouterConfig::default().prefix_source.as_str().to_string(),
+        value_parser = prefix_source_name
+    )]
+    prefix_source: String,
     /// cache_aware: the match ratio (cached / prompt tokens) above which the best-matching
     /// worker wins (sglang-router's default 0.3).
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = CacheAware::default().cache_threshold)]
     cache_threshold: f64,
     /// cache_aware: the fleet is imbalanced when max − min load exceeds this … (default 64)
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = CacheAware::default().balance_abs_threshold)]
     balance_abs_threshold: i64,
     /// … and max exceeds this × min (default 1.5); then the least-loaded worker is picked.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = CacheAware::default().balance_rel_threshold)]
     balance_rel_threshold: f64,
 }
 
-#[derive(Args)]
+#[derive(Args, Serialize, Deserialize)]
 pub struct AdmissionArgs {
     /// Admission cap: a worker whose engine holds more requests than this (its reported running +
     /// waiting, plus what this router sent since the snapshot) takes no new request; set it above
@@ -54,10 +64,10 @@ pub struct AdmissionArgs {
     #[arg(long, default_value = "reject")]
     admission: String,
     /// Requests the admission queue holds (more get 429 at once).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_ADMISSION_QUEUE_SIZE)]
     admission_queue_size: usize,
     /// How long a request may wait in the admission queue (ms).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS)]
     admission_queue_timeout_ms: u64,
 }
 
@@ -67,7 +77,7 @@ impl CacheArgs {
         cfg.tokenizer = self.tokenizer.clone();
         anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
         cfg.page_size = self.page_size;
-        cfg.prefix_source = self.prefix_source;
+        cfg.prefix_source = PrefixSource::parse(&self.prefix_source).map_err(anyhow::Error::msg)?;
         if let Policy::CacheAware(_) = cfg.policy {
             cfg.policy = Policy::CacheAware(
                 CacheAware::new(

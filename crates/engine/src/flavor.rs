@@ -7,7 +7,7 @@
 //! loopback: it serves vLLM's metric names and `/v1/models` shape, and 404 on SGLang's routes,
 //! as vLLM does. The scheduler model underneath is the same.
 
-use crate::http::AppState;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};

@@ -3,84 +3,30 @@
 //! `/get_load` (what `sglang-router` polls), `/v1/loads`, `/metrics` with SGLang's gauge names,
 //! `/health`, `/v1/models`.
 //!
-//! This file holds the configuration, the engine's start and stop, and the route table. The parts:
-//! [`crate::routes`] (handlers), [`crate::reply`] (JSON and SSE responses, abort on disconnect),
+//! This file holds the engine's start, its drain and stop, and the route table. The parts:
+//! [`crate::state`] (the configuration and the handlers' shared state), [`crate::routes`] (handlers), [`crate::reply`] (JSON and SSE responses, abort on disconnect),
 //! [`crate::dispatch`] (which rank a request goes to, read from the SHM sink) and
 //! [`crate::metrics`] (`/metrics`).
 
 use crate::api::Route;
-use crate::cycle::PublishPoint;
 use crate::dispatch::Dispatcher;
 use crate::flavor::Flavor;
-use crate::model::ModelConfig;
 use crate::rank::{RankHandle, spawn};
 use crate::reply::error;
 use crate::routes::{generate, get_load, loads, model_info, models, server_info};
+use crate::state::AppState;
+pub use crate::state::EngineConfig;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use loadlink_publish::{EngineSettings, InternalSink, ShmReader, build_kv_publisher, build_sinks};
-use loadlink_wire::Generation;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-
-/// Everything `loadlink engine` is configured with.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub host: String,
-    /// 0: pick a free port.
-    pub port: u16,
-    pub dp_size: u32,
-    pub model: ModelConfig,
-    pub time_scale: f64,
-    pub kv_events_config: Option<String>,
-    pub load_publish_endpoint: Option<String>,
-    pub publish_interval: u32,
-    pub generation: Generation,
-    pub max_body_bytes: usize,
-    pub model_name: String,
-    /// Where in the scheduler cycle each rank publishes.
-    pub publish_point: PublishPoint,
-    /// Whose HTTP surface to present (`--flavor`); the vLLM flavour publishes no load socket and
-    /// no KV events whatever the settings say.
-    pub flavor: Flavor,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            host: "127.0.0.1".into(),
-            port: 30000,
-            dp_size: 1,
-            model: ModelConfig::default(),
-            time_scale: 1.0,
-            kv_events_config: None,
-            load_publish_endpoint: None,
-            publish_interval: 1,
-            generation: Generation::Snapshot,
-            max_body_bytes: 4 << 20,
-            model_name: "loadlink-sim".into(),
-            publish_point: PublishPoint::default(),
-            flavor: Flavor::default(),
-        }
-    }
-}
-
-pub(crate) struct AppState {
-    pub(crate) cfg: EngineConfig,
-    pub(crate) settings: EngineSettings,
-    pub(crate) ranks: Vec<RankHandle>,
-    pub(crate) dispatcher: Dispatcher,
-    shm_path: PathBuf,
-    pub(crate) next_id: AtomicU64,
-    pub(crate) requests_total: AtomicU64,
-    pub(crate) aborted_total: Arc<AtomicU64>,
-    pub(crate) open_requests: Arc<AtomicI64>,
-}
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// A running engine.
 pub struct Engine {
@@ -125,7 +71,9 @@ impl Engine {
         let local = listener
             .local_addr()
             .map_err(|source| EngineError::Bind { addr, source })?;
-        let instance = format!("loadlink-engine-{}-{}", local.port(), std::process::id());
+        // Housekeeping of /dev/shm: a directory scan, kept off the executor.
+        let _ = tokio::task::spawn_blocking(remove_stale_slots).await;
+        let instance = loadlink_wire::shm::engine_instance(local.port(), std::process::id());
         let shm_path = PathBuf::from(loadlink_wire::shm::shm_path_for(&instance));
         let settings = EngineSettings {
             kv_events_config: cfg.kv_events_config.clone(),
@@ -155,6 +103,7 @@ impl Engine {
             requests_total: AtomicU64::new(0),
             aborted_total: Arc::default(),
             open_requests: Arc::default(),
+            draining: AtomicBool::new(false),
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());
@@ -189,17 +138,41 @@ impl Engine {
 
     /// Stops serving (open responses get up to 5 s), stops the ranks and removes the slot file.
     pub async fn stop(self) {
-        self.stop_within(std::time::Duration::from_secs(5)).await;
+        self.stop_within(Duration::from_secs(5)).await;
+    }
+
+    /// Begins a drain: from now on `/readiness` answers 503 while every route is still served.
+    pub fn begin_drain(&self) {
+        self.state.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Shuts down the way an orchestrator expects: `/readiness` fails at once while requests are
+    /// still served for `delay`, then the listener closes and open responses get up to `timeout`
+    /// ([`Engine::stop_within`]).
+    pub async fn drain(self, delay: Duration, timeout: Duration) {
+        self.begin_drain();
+        tokio::time::sleep(delay).await;
+        self.stop_within(timeout).await;
     }
 
     /// Stops accepting, lets open responses (streams included) finish for up to `drain`, stops
     /// the ranks and removes the slot file.
-    pub async fn stop_within(mut self, drain: std::time::Duration) {
+    pub async fn stop_within(mut self, drain: Duration) {
+        self.begin_drain();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        if let Some(s) = self.server.take() {
-            let _ = tokio::time::timeout(drain, s).await;
+        if let Some(mut s) = self.server.take() {
+            match tokio::time::Instant::now().checked_add(drain) {
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, &mut s).await.is_err() {
+                        s.abort();
+                    }
+                }
+                None => {
+                    let _ = s.await;
+                }
+            }
         }
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || state.ranks.iter().for_each(RankHandle::stop))
@@ -238,6 +211,20 @@ fn start_ranks(cfg: &EngineConfig, settings: &EngineSettings) -> Vec<RankHandle>
         .collect()
 }
 
+/// Removes the slot files of engines that died without a shutdown (see
+/// [`loadlink_publish::stale_slots`]), so SIGKILLed engines do not fill `/dev/shm`.
+fn remove_stale_slots() {
+    let removed = loadlink_publish::remove_stale_slot_files(Path::new(
+        loadlink_publish::stale_slots::SHM_DIR,
+    ));
+    if !removed.is_empty() {
+        tracing::info!(
+            "removed {} slot files of engines that are gone: {removed:?}",
+            removed.len()
+        );
+    }
+}
+
 /// The dispatcher's reader of the slot file the ranks' SHM sinks write.
 fn open_slots(path: &Path) -> Result<ShmReader, EngineError> {
     ShmReader::open(path).map_err(|e| EngineError::Shm {
@@ -260,7 +247,9 @@ fn log_endpoints(cfg: &EngineConfig, settings: &EngineSettings, local: SocketAdd
 }
 
 fn router(state: Arc<AppState>) -> Router {
-    let routes = generation_routes().route("/health", get(|| async { "ok" }));
+    let routes = generation_routes()
+        .route("/health", get(|| async { "ok" }))
+        .route("/readiness", get(readiness));
     let routes = match state.cfg.flavor {
         Flavor::Sglang => sglang_routes(routes),
         Flavor::Vllm => routes
@@ -275,6 +264,16 @@ fn router(state: Arc<AppState>) -> Router {
             )
         })
         .with_state(state)
+}
+
+/// `GET /readiness`: 200 while the engine takes traffic, 503 once a drain has begun (the engine
+/// still serves during `--drain-delay`, so a load balancer can take it out of rotation first).
+async fn readiness(State(st): State<Arc<AppState>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if st.draining.load(Ordering::Relaxed) {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "draining: shutting down");
+    }
+    axum::Json(serde_json::json!({ "status": "ready" })).into_response()
 }
 
 /// The generation routes every flavour serves.

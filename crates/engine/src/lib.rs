@@ -14,9 +14,11 @@ pub mod radix;
 pub mod rank;
 mod reply;
 mod routes;
+mod state;
 pub use loadlink_wire::tokenize;
 
 pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
 pub use flavor::Flavor;
-pub use http::{Engine, EngineConfig, EngineError};
+pub use http::{Engine, EngineError};
 pub use model::{ModelConfig, Timing};
+pub use state::EngineConfig;

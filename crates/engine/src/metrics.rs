@@ -2,8 +2,8 @@
 //! dispatcher reads them), the engine's request counters and the publisher's per-sink outcomes,
 //! written through the one Prometheus writer (`loadlink_wire::prom`), one family at a time.
 
-use crate::http::AppState;
 use crate::rank::CacheCounters;
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};

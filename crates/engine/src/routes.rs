@@ -3,10 +3,10 @@
 //! [`crate::metrics`].
 
 use crate::api::{Route, parse_chat, parse_completions, parse_generate};
-use crate::http::AppState;
 use crate::model::Submit;
 use crate::rank::{Command, wall_now};
 use crate::reply::{AbortGuard, Reply, error, json_response, stream_response};
+use crate::state::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};

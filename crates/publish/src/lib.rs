@@ -11,6 +11,7 @@ pub mod memory_sink;
 pub mod publisher;
 pub mod shm_sink;
 pub mod sink;
+pub mod stale_slots;
 pub mod zmq_sinks;
 
 pub use factory::{
@@ -24,4 +25,5 @@ pub use publisher::{
 };
 pub use shm_sink::{ShmReader, ShmSink, read_slots};
 pub use sink::{Encoded, Sink, SinkError, WriteOutcome};
+pub use stale_slots::remove_stale_slot_files;
 pub use zmq_sinks::{PubSink, PushSink};

@@ -1,5 +1,8 @@
 //! `RouterConfig`: everything `loadlink route` is configured with, its defaults, and the checks
-//! made before anything binds. One place, so the CLI, the demo and the tests agree on defaults.
+//! made before anything binds. One place, so the CLI, the demo and the tests agree on defaults:
+//! every `loadlink route` flag takes its default from [`RouterConfig::default`] (and
+//! [`crate::budget::Budgets::default`]), and `--config FILE` is read through the same flag
+//! definitions, so a default is written once.
 
 use crate::admission::AdmissionConfig;
 use crate::book::LoadSignal;
@@ -7,6 +10,7 @@ use crate::cache::PrefixSource;
 use crate::fleet::validate_url;
 use crate::membership::MembershipConfig;
 use crate::policy::Policy;
+use std::time::Duration;
 
 /// Everything `loadlink route` is configured with.
 #[derive(Debug, Clone)]
@@ -53,6 +57,32 @@ pub struct RouterConfig {
     pub membership: MembershipConfig,
     /// What a peer may send ([`crate::budget`]).
     pub budgets: crate::budget::Budgets,
+    /// After SIGTERM, how long `/readiness` answers 503 while requests are still served, before
+    /// the listener closes (`--drain-delay`, seconds): the time a load balancer needs to notice.
+    pub drain_delay: Duration,
+    /// Then how long open requests (streams included) may take to finish (`--drain-timeout`).
+    pub drain_timeout: Duration,
+}
+
+/// `--admission-queue-size` when not given.
+pub const DEFAULT_ADMISSION_QUEUE_SIZE: usize = 256;
+/// `--admission-queue-timeout-ms` when not given.
+pub const DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS: u64 = 5000;
+
+/// The largest drain delay or timeout accepted: a day. Past it a value is a mistake (`inf`, a
+/// unit slip), and the process would outlive any orchestrator's grace period anyway.
+pub const MAX_DRAIN_SECONDS: f64 = 86_400.0;
+
+/// A drain duration in seconds (`--drain-delay`, `--drain-timeout`) as a [`Duration`], checked
+/// when the value is read, so an impossible one fails at start with the flag named instead of
+/// at shutdown.
+pub fn drain_seconds(flag: &str, secs: f64) -> Result<Duration, String> {
+    if !(0.0..=MAX_DRAIN_SECONDS).contains(&secs) {
+        return Err(format!(
+            "{flag}: expected seconds between 0 and {MAX_DRAIN_SECONDS}, got {secs:?}"
+        ));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{flag}: {secs} seconds: {e}"))
 }
 
 impl Default for RouterConfig {
@@ -89,6 +119,8 @@ impl Default for RouterConfig {
                 ..Default::default()
             },
             budgets: Default::default(),
+            drain_delay: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -112,5 +144,32 @@ impl RouterConfig {
     /// The address to bind, `HOST:PORT`.
     pub fn bind_addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_seconds_accepts_the_range_and_names_the_flag_otherwise() {
+        assert_eq!(drain_seconds("--drain-timeout", 0.0), Ok(Duration::ZERO));
+        assert_eq!(
+            drain_seconds("--drain-delay", 2.5),
+            Ok(Duration::from_millis(2500))
+        );
+        for bad in [
+            f64::INFINITY,
+            f64::NAN,
+            -1.0,
+            1e300,
+            MAX_DRAIN_SECONDS + 1.0,
+        ] {
+            let e = drain_seconds("--drain-timeout", bad).unwrap_err();
+            assert!(
+                e.starts_with("--drain-timeout: expected seconds between 0 and"),
+                "{e}"
+            );
+        }
     }
 }

@@ -1,11 +1,16 @@
 //! `loadlink-router`: the load-aware router. It discovers each worker's load sockets from
-//! `/server_info` ([`fleet`]), subscribes per DP rank ([`subscribe`]), merges engine snapshots,
-//! dispatches and in-flight guards into one load per worker ([`book`]), picks with a pure
-//! [`policy`], and proxies OpenAI-compatible traffic with streaming pass-through ([`proxy`]).
+//! `/server_info` ([`discovery`], [`fleet`]), subscribes per DP rank ([`subscribe`], received by
+//! the [`ingest`] threads) or polls workers without sockets ([`poll`]), merges engine snapshots,
+//! dispatches and in-flight guards into one load per worker ([`book`]), learns what each worker
+//! has cached from its KV events ([`cache`]), picks with a pure [`policy`] behind [`admission`]
+//! caps, and proxies OpenAI-compatible traffic with streaming pass-through ([`proxy`], [`models`]).
+//! Workers come from flags, a watched file or DNS ([`membership`]). Everything a peer sends is
+//! bounded by a [`budget`], and every refusal is counted there by reason.
 //!
-//! The HTTP front is split by concern: [`config`] (what it is started with), [`state`] (what the
-//! handlers share), [`metrics`] (`/metrics`), [`admin`] (`/workers`), [`dashboard`], and
-//! [`server`], which only wires routes and runs the process. See `docs/router.md`.
+//! The HTTP front is split by concern: [`config`] (what it is started with, one set of defaults for
+//! the CLI and embedders), [`state`] (what the handlers share), [`metrics`] (`/metrics`), [`admin`]
+//! (`/workers`), [`dashboard`], and [`server`], which wires routes and runs the process, drain
+//! included. [`fdlimit`] and [`zctx`] size descriptor and libzmq limits. See `docs/router.md`.
 
 pub mod admin;
 pub mod admission;

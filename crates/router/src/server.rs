@@ -49,14 +49,47 @@ impl RouterHandle {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting, lets open responses (streams included) finish, then returns.
-    pub async fn stop(mut self) {
+    /// Begins a drain: from now on `/readiness` answers 503 (so a load balancer takes this
+    /// router out of rotation) while every route, `/readiness` included, is still served.
+    pub fn begin_drain(&self) {
         self.state.stopping.store(true, Relaxed);
+    }
+
+    /// Shuts down the way an orchestrator expects: `/readiness` fails at once while requests are
+    /// still served for `delay` (the time a load balancer needs to notice), then the listener
+    /// closes and open responses (streams included) get up to `timeout` to finish. Returns
+    /// `false` when the drain was cut short by `timeout`.
+    pub async fn drain(self, delay: Duration, timeout: Duration) -> bool {
+        self.begin_drain();
+        tokio::time::sleep(delay).await;
+        self.stop_within(timeout).await
+    }
+
+    /// Stops accepting, lets open responses (streams included) finish, then returns.
+    pub async fn stop(self) {
+        self.stop_within(Duration::MAX).await;
+    }
+
+    /// Stops accepting and lets open responses finish for up to `timeout` (then they are cut),
+    /// then leaves every worker. Returns `false` when open responses had to be cut.
+    async fn stop_within(mut self, timeout: Duration) -> bool {
+        self.begin_drain();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        if let Some(s) = self.server.take() {
-            let _ = s.await;
+        let mut finished = true;
+        if let Some(mut s) = self.server.take() {
+            // `Duration::MAX` would overflow the deadline: no bound then.
+            finished = match tokio::time::Instant::now().checked_add(timeout) {
+                Some(deadline) => tokio::time::timeout_at(deadline, &mut s).await.is_ok(),
+                None => {
+                    let _ = (&mut s).await;
+                    true
+                }
+            };
+            if !finished {
+                s.abort();
+            }
         }
         self.health.abort();
         self.probe.abort();
@@ -70,6 +103,7 @@ impl RouterHandle {
             }
         })
         .await;
+        finished
     }
 }
 

@@ -169,6 +169,29 @@ pub fn shm_path_for(instance_id: &str) -> String {
     format!("/dev/shm/sglang_loads_{safe}_{hex}.shm")
 }
 
+/// The instance id a loadlink engine names its slot file after: `loadlink-engine-{port}-{pid}`.
+/// The PID in it lets a later engine tell a file whose owner is gone (SIGKILLed) from a live one.
+pub fn engine_instance(port: u16, pid: u32) -> String {
+    format!("{ENGINE_INSTANCE_PREFIX}{port}-{pid}")
+}
+
+const ENGINE_INSTANCE_PREFIX: &str = "loadlink-engine-";
+
+/// The PID of the loadlink engine whose slot file is named `file_name` (a name, not a path), or
+/// `None` when the name is not exactly what [`shm_path_for`]`(`[`engine_instance`]`(..))` gives:
+/// files of other programs (SGLang's own included) are never claimed.
+pub fn engine_slot_owner(file_name: &str) -> Option<u32> {
+    let rest = file_name
+        .strip_prefix("sglang_loads_")?
+        .strip_prefix(ENGINE_INSTANCE_PREFIX)?
+        .strip_suffix(".shm")?;
+    let (instance, _hash) = rest.rsplit_once('_')?;
+    let (port, pid) = instance.split_once('-')?;
+    let (port, pid) = (port.parse::<u16>().ok()?, pid.parse::<u32>().ok()?);
+    let expected = shm_path_for(&engine_instance(port, pid));
+    (expected.rsplit('/').next() == Some(file_name)).then_some(pid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +220,25 @@ mod tests {
             Header::decode(&file[..5]),
             Err(ShmError::ShortHeader(5))
         ));
+    }
+
+    #[test]
+    fn an_engine_slot_file_names_its_owner() {
+        let path = shm_path_for(&engine_instance(30000, 4242));
+        let name = path.rsplit('/').next().unwrap();
+        assert_eq!(engine_slot_owner(name), Some(4242));
+        // A wrong hash, another program's file, or a stray suffix is not an engine's file.
+        let forged = name
+            .replace(".shm", "")
+            .rsplit_once('_')
+            .unwrap()
+            .0
+            .to_string()
+            + "_00000000.shm";
+        assert_ne!(forged, name);
+        assert_eq!(engine_slot_owner(&forged), None);
+        assert_eq!(engine_slot_owner("sglang_loads_default_0a1b2c3d.shm"), None);
+        assert_eq!(engine_slot_owner(&format!("{name}.bak")), None);
     }
 
     #[test]

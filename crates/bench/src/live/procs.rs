@@ -1,8 +1,10 @@
-//! The live run's child processes. loadlink's own engines and routers are killed outright when the
-//! run is done with them (they keep no state worth a shutdown). An external router is a program we
-//! do not know: it runs in a process group of its own (a launcher such as `python -m …` or a shell
-//! script may start children), writes its output to a log file (shown when it fails to come up),
-//! and is stopped with SIGTERM to the group, then SIGKILL once a bound has passed.
+//! The live run's child processes. loadlink's own engines and routers are stopped with SIGTERM,
+//! then SIGKILL once [`OWN_GRACE`] has passed: an engine keeps state outside itself (its slot file
+//! in `/dev/shm`, removed only by its own shutdown), so killing it outright would leak the file.
+//! An external router is a program we do not know: it runs in a process group of its own (a
+//! launcher such as `python -m …` or a shell script may start children), writes its output to a
+//! log file (shown when it fails to come up), and is stopped with SIGTERM to the group, then
+//! SIGKILL once a bound has passed.
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -10,15 +12,50 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Child processes killed on drop.
+/// How long one of loadlink's own processes has to exit after SIGTERM before SIGKILL. Its drain
+/// has nothing left to wait for once the run has stopped sending.
+pub(crate) const OWN_GRACE: Duration = Duration::from_secs(5);
+
+/// loadlink child processes, stopped together on drop ([`terminate`]).
 pub(super) struct Procs(pub(super) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        for c in &mut self.0 {
+        terminate(&mut self.0, OWN_GRACE);
+    }
+}
+
+/// Sends SIGTERM to every child, waits (polling, so quick exits return quickly) until all have
+/// exited or `grace` has passed, then SIGKILLs the rest and reaps them. Blocking: it runs on
+/// drop, at the end of a run.
+pub(crate) fn terminate(children: &mut [Child], grace: Duration) {
+    for c in children.iter() {
+        signal_pid(c, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline
+        && children
+            .iter_mut()
+            .any(|c| c.try_wait().ok().flatten().is_none())
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for c in children.iter_mut() {
+        if c.try_wait().ok().flatten().is_none() {
             let _ = c.kill();
-            let _ = c.wait();
         }
+        let _ = c.wait();
+    }
+}
+
+/// Sends `signal` to `child` alone; failure means it is gone already.
+fn signal_pid(child: &Child, signal: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+        return;
+    };
+    // SAFETY: kill(2) on one positive pid; no memory is involved.
+    unsafe {
+        libc::kill(pid, signal);
     }
 }
 
@@ -158,6 +195,46 @@ mod tests {
         assert_eq!(
             stubborn.stop(Duration::from_millis(300)).await,
             Ended::Killed
+        );
+    }
+
+    #[test]
+    fn own_processes_get_sigterm_and_a_stubborn_one_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str| dir.path().join(name).display().to_string();
+        let shell = |script: String| {
+            std::process::Command::new("sh")
+                .args(["-c", &script])
+                .spawn()
+                .unwrap()
+        };
+        let polite = shell(format!(
+            "trap 'touch {}; exit 0' TERM; touch {}; while :; do sleep 0.05; done",
+            file("terminated"),
+            file("polite-ready")
+        ));
+        let stubborn = shell(format!(
+            "trap '' TERM; touch {}; while :; do sleep 0.05; done",
+            file("stubborn-ready")
+        ));
+        // Each shell has set its trap once its ready file exists (bounded wait).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(dir.path().join("polite-ready").exists()
+            && dir.path().join("stubborn-ready").exists())
+        {
+            assert!(Instant::now() < deadline, "the shells did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut children = vec![polite, stubborn];
+        terminate(&mut children, Duration::from_millis(500));
+        assert!(
+            dir.path().join("terminated").exists(),
+            "the polite child ran its SIGTERM handler"
+        );
+        let codes: Vec<_> = children.iter_mut().map(|c| c.try_wait().unwrap()).collect();
+        assert!(
+            codes.iter().all(Option::is_some),
+            "both are reaped: {codes:?}"
         );
     }
 

@@ -25,8 +25,8 @@ pub(super) struct Routers {
 }
 
 impl Routers {
-    /// Stops every replica: loadlink's are killed, external ones get SIGTERM, then SIGKILL after
-    /// a bound. Returns a note per external replica that had to be killed.
+    /// Stops every replica: each gets SIGTERM, then SIGKILL after a bound (loadlink's together,
+    /// external ones group by group). Returns a note per external replica that had to be killed.
     pub(super) async fn stop(self) -> Vec<String> {
         drop(self.own);
         let mut notes = Vec::new();

@@ -1,0 +1,71 @@
+//! What the engine is configured with ([`EngineConfig`]) and what its handlers share
+//! ([`AppState`]). Its own module so the route handlers ([`crate::routes`], [`crate::metrics`],
+//! [`crate::flavor`]) and the server ([`crate::http`]) depend on it, not on each other.
+
+use crate::cycle::PublishPoint;
+use crate::dispatch::Dispatcher;
+use crate::flavor::Flavor;
+use crate::model::ModelConfig;
+use crate::rank::RankHandle;
+use loadlink_publish::EngineSettings;
+use loadlink_wire::Generation;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+
+/// Everything `loadlink engine` is configured with.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub host: String,
+    /// 0: pick a free port.
+    pub port: u16,
+    pub dp_size: u32,
+    pub model: ModelConfig,
+    pub time_scale: f64,
+    pub kv_events_config: Option<String>,
+    pub load_publish_endpoint: Option<String>,
+    pub publish_interval: u32,
+    pub generation: Generation,
+    pub max_body_bytes: usize,
+    pub model_name: String,
+    /// Where in the scheduler cycle each rank publishes.
+    pub publish_point: PublishPoint,
+    /// Whose HTTP surface to present (`--flavor`); the vLLM flavour publishes no load socket and
+    /// no KV events whatever the settings say.
+    pub flavor: Flavor,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            host: "127.0.0.1".into(),
+            port: 30000,
+            dp_size: 1,
+            model: ModelConfig::default(),
+            time_scale: 1.0,
+            kv_events_config: None,
+            load_publish_endpoint: None,
+            publish_interval: 1,
+            generation: Generation::Snapshot,
+            max_body_bytes: 4 << 20,
+            model_name: "loadlink-sim".into(),
+            publish_point: PublishPoint::default(),
+            flavor: Flavor::default(),
+        }
+    }
+}
+
+/// What the engine's handlers share.
+pub(crate) struct AppState {
+    pub(crate) cfg: EngineConfig,
+    pub(crate) settings: EngineSettings,
+    pub(crate) ranks: Vec<RankHandle>,
+    pub(crate) dispatcher: Dispatcher,
+    pub(crate) shm_path: PathBuf,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) requests_total: AtomicU64,
+    pub(crate) aborted_total: Arc<AtomicU64>,
+    pub(crate) open_requests: Arc<AtomicI64>,
+    /// Set when a drain begins: `/readiness` answers 503 from then on.
+    pub(crate) draining: AtomicBool,
+}
