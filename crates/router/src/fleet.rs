@@ -187,8 +187,7 @@ impl Fleet {
         self.ingest
             .get_or_init(|| {
                 let ctx = Arc::new(
-                    FleetContext::new(usize::MAX, 1)
-                        .map_err(|e| format!("libzmq context: {e}"))?,
+                    FleetContext::new(usize::MAX, 1).map_err(|e| format!("libzmq context: {e}"))?,
                 );
                 let wakeup = self.budgets.wakeup_messages;
                 let ingest = Ingest::start(self.ingest_threads, ctx.clone(), wakeup)
@@ -258,7 +257,11 @@ impl Fleet {
             return Ok(());
         }
         let mut h = self.holding();
-        let (workers, load, kv) = (h.workers + 1, h.load_ranks + load_ranks, h.kv_ranks + kv_ranks);
+        let (workers, load, kv) = (
+            h.workers + 1,
+            h.load_ranks + load_ranks,
+            h.kv_ranks + kv_ranks,
+        );
         let needed = crate::fdlimit::descriptors_needed_with_kv(workers, load, kv);
         let soft = crate::fdlimit::ensure(needed).map_err(|e| e.to_string())?;
         if let Ok((_, ctx)) = self.ingest() {
@@ -309,9 +312,7 @@ impl Fleet {
             load_ranks: if granted.is_ok() { load_ranks } else { 0 },
             kv_ranks: if granted.is_ok() { kv_ranks } else { 0 },
         };
-        let refused = granted
-            .err()
-            .map(|e| format!("not subscribed: {e}"));
+        let refused = granted.err().map(|e| format!("not subscribed: {e}"));
         let (sockets, reason) = if let Some(p) = polled {
             tracing::info!(worker = url, "no load socket: polling {}", p.kind.as_str());
             (Vec::new(), None)
@@ -341,9 +342,7 @@ impl Fleet {
         });
         let kv = match &refused {
             Some(why) => {
-                worker
-                    .refusals
-                    .refuse(Refusal::SocketLimit, || why.clone());
+                worker.refusals.refuse(Refusal::SocketLimit, || why.clone());
                 d.kv.and_then(|_| Err(why.clone()))
             }
             None => d.kv,
@@ -362,8 +361,7 @@ impl Fleet {
             let polled = worker.load_source.kind.polled();
             self.set_poller(url, polled.then_some(&worker));
             self.workers.rcu(|ws| {
-                let mut v: Vec<Arc<Worker>> =
-                    ws.iter().filter(|w| w.url != url).cloned().collect();
+                let mut v: Vec<Arc<Worker>> = ws.iter().filter(|w| w.url != url).cloned().collect();
                 v.push(worker.clone());
                 v
             });

@@ -128,7 +128,10 @@ mod tests {
     fn queues_stay_within_the_byte_budget() {
         let b = Budgets::default();
         for bounds in [SocketBounds::load(&b), SocketBounds::kv(&b)] {
-            assert!(bounds.queue_bytes() <= b.socket_queue_bytes as u64, "{bounds:?}");
+            assert!(
+                bounds.queue_bytes() <= b.socket_queue_bytes as u64,
+                "{bounds:?}"
+            );
             assert!(bounds.rcvhwm >= 1);
         }
         assert_eq!(SocketBounds::load(&b).max_message_bytes, 64 << 10);

@@ -303,16 +303,27 @@ fn workers_added_at_runtime_grow_the_limits_and_past_the_hard_limit_are_refused(
     set_nofile(1200, hard);
     let fleet = loadlink_router::fleet::Fleet::new(1);
     for i in 0..n {
-        fleet.add(&format!("http://10.9.{}.{}:1", i / 250, i % 250), inproc_discovery(i, ranks));
+        fleet.add(
+            &format!("http://10.9.{}.{}:1", i / 250, i % 250),
+            inproc_discovery(i, ranks),
+        );
     }
     let refused: Vec<_> = fleet
         .workers()
         .iter()
         .filter_map(|w| w.no_load_reason.clone())
         .collect();
-    assert!(refused.is_empty(), "{} refused, e.g. {:?}", refused.len(), refused.first());
+    assert!(
+        refused.is_empty(),
+        "{} refused, e.g. {:?}",
+        refused.len(),
+        refused.first()
+    );
     let stats = fleet.ingest_stats().unwrap();
-    assert_eq!(stats.subscriptions.load(Relaxed), (n * ranks as usize) as u64);
+    assert_eq!(
+        stats.subscriptions.load(Relaxed),
+        (n * ranks as usize) as u64
+    );
     let (soft, _) = current().unwrap();
     assert!(soft >= needed, "the soft limit grew with the fleet: {soft}");
 

@@ -9,9 +9,9 @@
 //! message over `ZMQ_MAXMSGSIZE`) reconnects, so more than one accept is the publisher-side proof
 //! of a refusal, without trusting the router's own counters.
 
+use loadlink_wire::LoadSnapshot;
 use loadlink_wire::codec::snapshot_bytes;
 use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, kv_batch_bytes};
-use loadlink_wire::LoadSnapshot;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
@@ -36,7 +36,10 @@ impl HostilePub {
         let s = ctx.socket(zmq::PUB).expect("a PUB socket");
         s.set_linger(0).expect("linger");
         s.set_sndhwm(1000).expect("sndhwm");
-        let mon = format!("inproc://hostile-pub-monitor-{}", NEXT.fetch_add(1, Relaxed));
+        let mon = format!(
+            "inproc://hostile-pub-monitor-{}",
+            NEXT.fetch_add(1, Relaxed)
+        );
         s.monitor(&mon, zmq::SocketEvent::ACCEPTED as i32)
             .expect("monitor the PUB");
         let events = ctx.socket(zmq::PAIR).expect("a PAIR socket");

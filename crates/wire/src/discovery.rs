@@ -302,7 +302,10 @@ mod tests {
             kv_streams(url, null.as_bytes()),
             Err(NoKv::NotZmq("null".into()))
         );
-        assert_eq!(s.advertised, None, "a wildcard host advertises nothing else");
+        assert_eq!(
+            s.advertised, None,
+            "a wildcard host advertises nothing else"
+        );
         let zero = body.replace(r#""block_size":16"#, r#""block_size":0"#);
         assert_eq!(kv_streams(url, zero.as_bytes()), Err(NoKv::BlockSize(0)));
         assert!(matches!(kv_streams(url, b"{"), Err(NoKv::Malformed(_))));
@@ -364,10 +367,19 @@ mod tests {
             s.endpoints[0].replay_endpoint.as_deref(),
             Some("tcp://10.0.0.9:6000")
         );
-        for unroutable in ["127.0.0.1", "169.254.169.254", "[::1]", "localhost", "224.0.0.1"] {
+        for unroutable in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "[::1]",
+            "localhost",
+            "224.0.0.1",
+        ] {
             let mut s = kv_streams(url, body(unroutable).as_bytes()).unwrap();
             assert!(!s.dial_advertised(), "{unroutable}");
-            assert_eq!(s.endpoints[0].endpoint, "tcp://10.0.0.2:5557", "{unroutable}");
+            assert_eq!(
+                s.endpoints[0].endpoint, "tcp://10.0.0.2:5557",
+                "{unroutable}"
+            );
             assert!(s.advertised.is_some(), "{unroutable}: still reported");
         }
         let same = kv_streams(url, body("10.0.0.2").as_bytes()).unwrap();

@@ -107,7 +107,13 @@ impl Ingest {
         for i in 0..threads.max(1) {
             let (tx, rx) = mpsc::channel();
             let bell = Arc::new(Doorbell::new()?);
-            let lp = Loop::new(rx, bell.clone(), stats.clone(), ctx.clone(), wakeup_messages)?;
+            let lp = Loop::new(
+                rx,
+                bell.clone(),
+                stats.clone(),
+                ctx.clone(),
+                wakeup_messages,
+            )?;
             let thread = std::thread::Builder::new()
                 .name(format!("ingest-{i}"))
                 .spawn(move || lp.run())?;
@@ -269,7 +275,7 @@ impl Loop {
             self.stats.wakeups.fetch_add(1, Relaxed);
             // What the last turn left unfinished goes after what became ready since: a flooding
             // socket waits its turn behind the others.
-            ready.extend(carried.drain(..));
+            ready.append(&mut carried);
             for &token in &ready {
                 if token == BELL {
                     self.bell.clear();
