@@ -87,6 +87,32 @@ fn an_oversized_load_message_drops_the_connection_and_is_never_queued() {
     assert!(hostile.sent() > 0);
 }
 
+/// After an oversized message libzmq does not redial; the router does, so a publisher that sent
+/// one is heard again.
+#[test]
+fn a_load_publisher_that_sent_one_oversized_message_is_heard_again() {
+    let port = free_port_block(1).unwrap();
+    let mut small = snapshots(2);
+    let hostile = HostilePub::start(
+        &format!("tcp://127.0.0.1:{port}"),
+        Duration::from_millis(20),
+        Box::new(move |n| {
+            let mut m = small(n);
+            if n < 50 {
+                m[2] = vec![0xa5; 100 << 10];
+            }
+            m
+        }),
+    );
+    let fleet = Fleet::new(1);
+    let w = fleet.add("http://127.0.0.1:1", load_discovery(port));
+    wait_for_sync("the oversized messages sent", 20, || hostile.sent() >= 50);
+    wait_for_sync("the worker priced on engine load again", 30, || {
+        priced_on_engine(&w)
+    });
+    assert!(fleet.ingest_stats().unwrap().redials.load(Relaxed) >= 1);
+}
+
 #[test]
 fn a_flooding_kv_stream_does_not_starve_a_quiet_load_stream_on_its_thread() {
     let base = free_port_block(2).unwrap();

@@ -19,6 +19,13 @@
 //! what it finds in `loadlink_ingest_rescued_total` (0 when every edge is seen). It touches only
 //! quiet sockets, so its cost is O(silent ranks) per second.
 //!
+//! The sweep also redials a load socket silent for [`REDIAL_AFTER`] (a load publisher sends every
+//! cycle and heartbeats when idle, so such a rank has lost its connection). libzmq redials a lost
+//! publisher by itself, except after a protocol error, such as a message over `ZMQ_MAXMSGSIZE`:
+//! it then drops the connection for good and the rank would stay deaf. The redial bounds what a
+//! publisher that sent one oversized message loses to [`REDIAL_AFTER`], and what a hostile one
+//! costs to one refused connection per interval (counted in `loadlink_ingest_redials_total`).
+//!
 //! KV-event streams ([`kv`]) live on the same threads and in the same epoll sets, beside their
 //! worker's load sockets: one more SUB per rank, and a replay DEALER only while a replay runs.
 //!
@@ -50,6 +57,8 @@ use std::time::{Duration, Instant};
 
 /// How often quiet sockets are swept, and how quiet they must be.
 const SWEEP: Duration = Duration::from_secs(1);
+/// A load socket silent this long is redialled (see the module docs), at most once per interval.
+pub const REDIAL_AFTER: Duration = Duration::from_secs(5);
 
 /// A worker's subscription: which thread holds its sockets, under which id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +71,7 @@ enum Command {
     Add {
         id: u64,
         worker: Arc<Worker>,
-        sockets: Vec<(usize, zmq::Socket)>,
+        sockets: Vec<(usize, String, zmq::Socket)>,
         kv: Option<KvSubscription>,
     },
     Remove {
@@ -134,12 +143,12 @@ impl Ingest {
         &self.stats
     }
 
-    /// Hands `sockets` (rank, connected SUB) of `worker`, and its KV-event streams if any, to an
-    /// ingest thread.
+    /// Hands `sockets` (rank, endpoint, SUB connected to it) of `worker`, and its KV-event
+    /// streams if any, to an ingest thread.
     pub fn add(
         &self,
         worker: Arc<Worker>,
-        sockets: Vec<(usize, zmq::Socket)>,
+        sockets: Vec<(usize, String, zmq::Socket)>,
         kv: Option<KvSubscription>,
     ) -> SubscriptionId {
         let id = self.next_id.fetch_add(1, Relaxed);
@@ -197,8 +206,9 @@ struct Slot {
     worker: Arc<Worker>,
     rank: usize,
     socket: zmq::Socket,
+    endpoint: String,
     fd: std::os::fd::RawFd,
-    /// When a drain last found messages.
+    /// When a drain last found messages, or the socket was last redialled.
     last_rx: Instant,
 }
 
@@ -319,12 +329,24 @@ impl Loop {
         d.messages
     }
 
-    /// Drains the sockets that delivered nothing for [`SWEEP`] (see the module docs).
+    /// Drains the sockets that delivered nothing for [`SWEEP`], and redials those silent for
+    /// [`REDIAL_AFTER`] (see the module docs).
     fn sweep(&mut self) {
         for i in 0..self.slots.len() {
             let quiet = matches!(&self.slots[i], Some(s) if s.last_rx.elapsed() >= SWEEP);
             if quiet && self.drain(i) > 0 {
                 self.stats.rescued.fetch_add(1, Relaxed);
+            }
+            if let Some(s) = &mut self.slots[i]
+                && s.last_rx.elapsed() >= REDIAL_AFTER
+            {
+                // ENOENT when libzmq already dropped the endpoint; connect anew either way.
+                let _ = s.socket.disconnect(&s.endpoint);
+                if let Err(e) = s.socket.connect(&s.endpoint) {
+                    tracing::debug!(worker = %s.worker.url, rank = s.rank, "redial: {e}");
+                }
+                s.last_rx = Instant::now();
+                self.stats.redials.fetch_add(1, Relaxed);
             }
         }
         self.kv.sweep(&self.epoll, &self.ctx, SWEEP);
@@ -360,8 +382,8 @@ impl Loop {
         true
     }
 
-    fn add(&mut self, id: u64, worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>) {
-        for (rank, socket) in sockets {
+    fn add(&mut self, id: u64, worker: Arc<Worker>, sockets: Vec<(usize, String, zmq::Socket)>) {
+        for (rank, endpoint, socket) in sockets {
             let fd = match socket.get_fd() {
                 Ok(fd) => fd,
                 Err(e) => {
@@ -383,6 +405,7 @@ impl Loop {
                 worker: worker.clone(),
                 rank,
                 socket,
+                endpoint,
                 fd,
                 last_rx: Instant::now(),
             });
