@@ -64,8 +64,8 @@ pub fn http_client() -> HttpClient {
 /// caller's bookkeeping: the slots are freed by that thread whenever it gets there.
 const REMOVE_WAIT: Duration = Duration::from_secs(2);
 
-/// libzmq sockets kept free beyond the fleet's own (tests, `watch`, a replay started late).
-const SOCKET_RESERVE: usize = 64;
+/// libzmq sockets kept free beyond the fleet's own (socket monitors of silent ranks, `watch`, tests).
+const SOCKET_RESERVE: usize = 256;
 
 /// What a worker's subscriptions hold: for the limit arithmetic and for its removal.
 #[derive(Debug, Clone, Copy, Default)]

@@ -71,6 +71,11 @@ impl FleetContext {
         self.socket(zmq_sys::ZMQ_DEALER)
     }
 
+    /// A new PAIR socket (reading a socket monitor).
+    pub fn pair_socket(&self) -> zmq::Result<zmq::Socket> {
+        self.socket(zmq_sys::ZMQ_PAIR)
+    }
+
     fn socket(&self, kind: u32) -> zmq::Result<zmq::Socket> {
         let s = unsafe { zmq_sys::zmq_socket(self.raw, kind as c_int) };
         if s.is_null() {

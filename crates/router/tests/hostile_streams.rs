@@ -76,7 +76,11 @@ fn an_oversized_load_message_drops_the_connection_and_is_never_queued() {
     wait_for_sync("a hundred oversized messages sent since", 20, || {
         hostile.sent() >= at + 100
     });
-    eprintln!("connections accepted: {}", hostile.accepted());
+    assert_eq!(
+        hostile.accepted(),
+        1,
+        "libzmq does not redial after the refusal"
+    );
     let stats = fleet.ingest_stats().expect("ingest running");
     assert_eq!(
         stats.messages.load(Relaxed),
@@ -84,7 +88,16 @@ fn an_oversized_load_message_drops_the_connection_and_is_never_queued() {
         "no oversized message reached the ingest thread"
     );
     assert!(w.dropped.iter().all(|d| d.load(Relaxed) == 0));
-    assert!(hostile.sent() > 0);
+    // The router redials a silent rank, watching that connection: its drop is counted.
+    wait_for_sync("the refusal counted", 30, || {
+        w.refusals.counts().get(Refusal::LoadMessageTooLarge) >= 1
+    });
+    assert!(hostile.accepted() >= 2, "redialled");
+    assert_eq!(
+        fleet.refusals.get(Refusal::LoadMessageTooLarge),
+        w.refusals.counts().get(Refusal::LoadMessageTooLarge)
+    );
+    assert_eq!(stats.messages.load(Relaxed), 0, "still nothing queued");
 }
 
 /// After an oversized message libzmq does not redial; the router does, so a publisher that sent
