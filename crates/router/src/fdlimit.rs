@@ -9,6 +9,11 @@
 //! A rank that also publishes KV events costs another SUB (three more descriptors) and, while a
 //! replay runs, a DEALER (three more): [`FDS_PER_KV_RANK`] budgets both, so a fleet-wide resync
 //! (every stream replaying at once, e.g. when the router starts) still fits.
+//!
+//! The arithmetic is applied at start for the discovered fleet and again by the fleet for every
+//! worker added later ([`crate::fleet`]), so the soft limit follows the fleet up to the hard limit
+//! and [`FD_RESERVE`] stays free for the HTTP listener's `accept()`; a worker beyond the hard
+//! limit is refused, not half-subscribed.
 
 /// Descriptors kept for everything that is not per worker.
 pub const FD_RESERVE: u64 = 1024;

@@ -64,8 +64,8 @@ pub fn http_client() -> HttpClient {
 /// caller's bookkeeping: the slots are freed by that thread whenever it gets there.
 const REMOVE_WAIT: Duration = Duration::from_secs(2);
 
-/// libzmq sockets kept free beyond the fleet's own (tests, `watch`, a replay started late).
-const SOCKET_RESERVE: usize = 64;
+/// libzmq sockets kept free beyond the fleet's own (socket monitors of silent ranks, `watch`, tests).
+const SOCKET_RESERVE: usize = 256;
 
 /// What a worker's subscriptions hold: for the limit arithmetic and for its removal.
 #[derive(Debug, Clone, Copy, Default)]
@@ -221,7 +221,7 @@ impl Fleet {
     fn open_sockets(
         &self,
         endpoints: &[LoadEndpoint],
-    ) -> Result<Vec<(usize, zmq::Socket)>, String> {
+    ) -> Result<Vec<(usize, String, zmq::Socket)>, String> {
         let (_, ctx) = self
             .ingest()
             .map_err(|e| format!("cannot subscribe: {e}"))?;
@@ -232,7 +232,7 @@ impl Fleet {
                 let s = ctx.sub_socket().and_then(|s| {
                     configure_with(&s, &ep.endpoint, ep.generation.topic(), bounds).map(|()| s)
                 });
-                s.map(|s| (ep.rank as usize, s)).map_err(|e| {
+                s.map(|s| (ep.rank as usize, ep.endpoint.clone(), s)).map_err(|e| {
                     let hint = if e == zmq::Error::EMFILE {
                         let nofile = crate::fdlimit::current().map_or(0, |(soft, _)| soft);
                         format!(

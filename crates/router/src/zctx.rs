@@ -3,6 +3,10 @@
 //! context through `zmq-sys`, sets the limit before the first socket exists (libzmq reads it once),
 //! and hands out ordinary [`zmq::Socket`]s. Sockets made here do not keep the context alive: the
 //! owner keeps an `Arc<FleetContext>` for as long as any socket lives (the ingest threads do).
+//!
+//! The limit cannot be raised once the context has a socket, so the fleet asks for libzmq's build
+//! maximum (`ZMQ_SOCKET_LIMIT`) up front: libzmq's cost is a table of one pointer per socket, and
+//! the process's descriptor limit, which can grow at runtime, is what binds.
 
 use std::os::raw::{c_int, c_void};
 
@@ -65,6 +69,11 @@ impl FleetContext {
     /// A new DEALER socket (a KV-event replay request), like [`FleetContext::sub_socket`].
     pub fn dealer_socket(&self) -> zmq::Result<zmq::Socket> {
         self.socket(zmq_sys::ZMQ_DEALER)
+    }
+
+    /// A new PAIR socket (reading a socket monitor).
+    pub fn pair_socket(&self) -> zmq::Result<zmq::Socket> {
+        self.socket(zmq_sys::ZMQ_PAIR)
     }
 
     fn socket(&self, kind: u32) -> zmq::Result<zmq::Socket> {

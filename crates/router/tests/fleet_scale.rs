@@ -320,10 +320,9 @@ fn workers_added_at_runtime_grow_the_limits_and_past_the_hard_limit_are_refused(
         refused.first()
     );
     let stats = fleet.ingest_stats().unwrap();
-    assert_eq!(
-        stats.subscriptions.load(Relaxed),
-        (n * ranks as usize) as u64
-    );
+    wait_for_sync("every rank on the ingest thread", 30, || {
+        stats.subscriptions.load(Relaxed) == (n * ranks as usize) as u64
+    });
     let (soft, _) = current().unwrap();
     assert!(soft >= needed, "the soft limit grew with the fleet: {soft}");
 

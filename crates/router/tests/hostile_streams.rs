@@ -76,7 +76,11 @@ fn an_oversized_load_message_drops_the_connection_and_is_never_queued() {
     wait_for_sync("a hundred oversized messages sent since", 20, || {
         hostile.sent() >= at + 100
     });
-    eprintln!("connections accepted: {}", hostile.accepted());
+    assert_eq!(
+        hostile.accepted(),
+        1,
+        "libzmq does not redial after the refusal"
+    );
     let stats = fleet.ingest_stats().expect("ingest running");
     assert_eq!(
         stats.messages.load(Relaxed),
@@ -84,7 +88,42 @@ fn an_oversized_load_message_drops_the_connection_and_is_never_queued() {
         "no oversized message reached the ingest thread"
     );
     assert!(w.dropped.iter().all(|d| d.load(Relaxed) == 0));
-    assert!(hostile.sent() > 0);
+    // The router redials a silent rank, watching that connection: its drop is counted.
+    wait_for_sync("the refusal counted", 30, || {
+        w.refusals.counts().get(Refusal::LoadMessageTooLarge) >= 1
+    });
+    assert!(hostile.accepted() >= 2, "redialled");
+    assert_eq!(
+        fleet.refusals.get(Refusal::LoadMessageTooLarge),
+        w.refusals.counts().get(Refusal::LoadMessageTooLarge)
+    );
+    assert_eq!(stats.messages.load(Relaxed), 0, "still nothing queued");
+}
+
+/// After an oversized message libzmq does not redial; the router does, so a publisher that sent
+/// one is heard again.
+#[test]
+fn a_load_publisher_that_sent_one_oversized_message_is_heard_again() {
+    let port = free_port_block(1).unwrap();
+    let mut small = snapshots(2);
+    let hostile = HostilePub::start(
+        &format!("tcp://127.0.0.1:{port}"),
+        Duration::from_millis(20),
+        Box::new(move |n| {
+            let mut m = small(n);
+            if n < 50 {
+                m[2] = vec![0xa5; 100 << 10];
+            }
+            m
+        }),
+    );
+    let fleet = Fleet::new(1);
+    let w = fleet.add("http://127.0.0.1:1", load_discovery(port));
+    wait_for_sync("the oversized messages sent", 20, || hostile.sent() >= 50);
+    wait_for_sync("the worker priced on engine load again", 30, || {
+        priced_on_engine(&w)
+    });
+    assert!(fleet.ingest_stats().unwrap().redials.load(Relaxed) >= 1);
 }
 
 #[test]

@@ -19,6 +19,14 @@
 //! what it finds in `loadlink_ingest_rescued_total` (0 when every edge is seen). It touches only
 //! quiet sockets, so its cost is O(silent ranks) per second.
 //!
+//! The sweep also redials a load socket silent for [`REDIAL_AFTER`] (a load publisher sends every
+//! cycle and heartbeats when idle, so such a rank has lost its connection). libzmq redials a lost
+//! publisher by itself, except after a protocol error, such as a message over `ZMQ_MAXMSGSIZE`:
+//! it then drops the connection for good and the rank would stay deaf. The redial bounds what a
+//! publisher that sent one oversized message loses to [`REDIAL_AFTER`], and what a hostile one
+//! costs to one refused connection per interval (counted in `loadlink_ingest_redials_total`, and
+//! as a `load_message_too_large` refusal of the worker once [`refused`] tells it from a lost one).
+//!
 //! KV-event streams ([`kv`]) live on the same threads and in the same epoll sets, beside their
 //! worker's load sockets: one more SUB per rank, and a replay DEALER only while a replay runs.
 //!
@@ -33,14 +41,17 @@ pub mod kv;
 mod kv_replay;
 mod kv_seq;
 mod kv_subscribe;
+mod refused;
 pub mod stats;
 
 use crate::book::Worker;
+use crate::budget::Refusal;
 use crate::cache::CacheBook;
 use crate::zctx::FleetContext;
 use drain::{Scratch, drain_rank_at_most};
 use epoll::{Doorbell, Epoll};
 use kv::{KV_TAG, KvStreams, KvSubscription, REPLAY_TAG};
+use refused::{Seen, WATCH_TAG, Watch};
 use stats::IngestStats;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +61,8 @@ use std::time::{Duration, Instant};
 
 /// How often quiet sockets are swept, and how quiet they must be.
 const SWEEP: Duration = Duration::from_secs(1);
+/// A load socket silent this long is redialled (see the module docs), at most once per interval.
+pub const REDIAL_AFTER: Duration = Duration::from_secs(5);
 
 /// A worker's subscription: which thread holds its sockets, under which id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +75,7 @@ enum Command {
     Add {
         id: u64,
         worker: Arc<Worker>,
-        sockets: Vec<(usize, zmq::Socket)>,
+        sockets: Vec<(usize, String, zmq::Socket)>,
         kv: Option<KvSubscription>,
     },
     Remove {
@@ -134,12 +147,12 @@ impl Ingest {
         &self.stats
     }
 
-    /// Hands `sockets` (rank, connected SUB) of `worker`, and its KV-event streams if any, to an
-    /// ingest thread.
+    /// Hands `sockets` (rank, endpoint, SUB connected to it) of `worker`, and its KV-event
+    /// streams if any, to an ingest thread.
     pub fn add(
         &self,
         worker: Arc<Worker>,
-        sockets: Vec<(usize, zmq::Socket)>,
+        sockets: Vec<(usize, String, zmq::Socket)>,
         kv: Option<KvSubscription>,
     ) -> SubscriptionId {
         let id = self.next_id.fetch_add(1, Relaxed);
@@ -197,9 +210,12 @@ struct Slot {
     worker: Arc<Worker>,
     rank: usize,
     socket: zmq::Socket,
+    endpoint: String,
     fd: std::os::fd::RawFd,
-    /// When a drain last found messages.
+    /// When a drain last found messages, or the socket was last redialled.
     last_rx: Instant,
+    /// A monitor while the socket is silent and redialled ([`refused`]).
+    watch: Option<Watch>,
 }
 
 const BELL: u64 = u64::MAX;
@@ -219,6 +235,8 @@ struct Loop {
     wakeup: u64,
     /// Tokens whose drain stopped at the budget, served again on the next turn.
     revisit: Vec<u64>,
+    /// Load sockets with a monitor ([`refused`]), at most [`refused::MAX_WATCHES`].
+    watching: usize,
     scratch: Scratch,
     stats: Arc<IngestStats>,
     ctx: Arc<FleetContext>,
@@ -245,6 +263,7 @@ impl Loop {
             kv_replaying: false,
             wakeup: (wakeup_messages as u64).max(1),
             revisit: Vec::new(),
+            watching: 0,
             scratch: Scratch::default(),
             stats,
             ctx,
@@ -275,13 +294,15 @@ impl Loop {
             self.stats.wakeups.fetch_add(1, Relaxed);
             // What the last turn left unfinished goes after what became ready since: a flooding
             // socket waits its turn behind the others.
-            ready.extend(carried.drain(..));
+            ready.append(&mut carried);
             for &token in &ready {
                 if token == BELL {
                     self.bell.clear();
                     if !self.commands() {
                         return;
                     }
+                } else if token & WATCH_TAG != 0 {
+                    self.watch_events((token & !WATCH_TAG) as usize);
                 } else if token & (KV_TAG | REPLAY_TAG) != 0 {
                     self.kv.ready(&self.epoll, &self.ctx, token);
                     self.kv_replaying = true;
@@ -316,15 +337,73 @@ impl Loop {
         if d.more {
             self.revisit.push(i as u64);
         }
+        if d.messages > 0
+            && let Some(w) = s.watch.take()
+        {
+            w.stop(&mut s.socket, &self.epoll);
+            self.watching -= 1;
+        }
         d.messages
     }
 
-    /// Drains the sockets that delivered nothing for [`SWEEP`] (see the module docs).
+    /// Reads slot `i`'s monitor events; a lost publisher (libzmq redials it) ends the watch.
+    fn watch_events(&mut self, i: usize) {
+        let Some(Some(s)) = self.slots.get_mut(i) else {
+            return;
+        };
+        if let Some(w) = &mut s.watch
+            && w.read() == Seen::Lost
+            && let Some(w) = s.watch.take()
+        {
+            w.stop(&mut s.socket, &self.epoll);
+            self.watching -= 1;
+        }
+    }
+
+    /// Drains the sockets that delivered nothing for [`SWEEP`], and redials those silent for
+    /// [`REDIAL_AFTER`] (see the module docs).
     fn sweep(&mut self) {
         for i in 0..self.slots.len() {
             let quiet = matches!(&self.slots[i], Some(s) if s.last_rx.elapsed() >= SWEEP);
             if quiet && self.drain(i) > 0 {
                 self.stats.rescued.fetch_add(1, Relaxed);
+            }
+            let Some(s) = &mut self.slots[i] else {
+                continue;
+            };
+            // Events are read on their edge too; reading here as well bounds a missed one.
+            if let Some(w) = &mut s.watch
+                && w.read() == Seen::Lost
+                && let Some(w) = s.watch.take()
+            {
+                w.stop(&mut s.socket, &self.epoll);
+                self.watching -= 1;
+            }
+            if let Some(w) = &mut s.watch
+                && w.refused()
+            {
+                let (rank, ep) = (s.rank, &s.endpoint);
+                s.worker.refusals.refuse(Refusal::LoadMessageTooLarge, || {
+                    format!("rank {rank}: libzmq dropped the connection to {ep} for a protocol error, a message over the load-message budget (or a malformed frame header)")
+                });
+            }
+            if s.last_rx.elapsed() >= REDIAL_AFTER {
+                if s.watch.is_none() && self.watching < refused::MAX_WATCHES {
+                    match Watch::start(&self.ctx, &s.socket, &self.epoll, i) {
+                        Ok(w) => {
+                            s.watch = Some(w);
+                            self.watching += 1;
+                        }
+                        Err(e) => tracing::debug!(worker = %s.worker.url, "socket monitor: {e}"),
+                    }
+                }
+                // ENOENT when libzmq already dropped the endpoint; connect anew either way.
+                let _ = s.socket.disconnect(&s.endpoint);
+                if let Err(e) = s.socket.connect(&s.endpoint) {
+                    tracing::debug!(worker = %s.worker.url, rank = s.rank, "redial: {e}");
+                }
+                s.last_rx = Instant::now();
+                self.stats.redials.fetch_add(1, Relaxed);
             }
         }
         self.kv.sweep(&self.epoll, &self.ctx, SWEEP);
@@ -360,8 +439,8 @@ impl Loop {
         true
     }
 
-    fn add(&mut self, id: u64, worker: Arc<Worker>, sockets: Vec<(usize, zmq::Socket)>) {
-        for (rank, socket) in sockets {
+    fn add(&mut self, id: u64, worker: Arc<Worker>, sockets: Vec<(usize, String, zmq::Socket)>) {
+        for (rank, endpoint, socket) in sockets {
             let fd = match socket.get_fd() {
                 Ok(fd) => fd,
                 Err(e) => {
@@ -383,8 +462,10 @@ impl Loop {
                 worker: worker.clone(),
                 rank,
                 socket,
+                endpoint,
                 fd,
                 last_rx: Instant::now(),
+                watch: None,
             });
             self.by_id.entry(id).or_default().push(i);
             self.stats.subscriptions.fetch_add(1, Relaxed);
@@ -396,8 +477,12 @@ impl Loop {
     fn remove(&mut self, id: u64) {
         self.kv.remove(&self.epoll, id);
         for i in self.by_id.remove(&id).unwrap_or_default() {
-            if let Some(s) = self.slots[i].take() {
+            if let Some(mut s) = self.slots[i].take() {
                 debug_assert_eq!(s.id, id);
+                if let Some(w) = s.watch.take() {
+                    w.stop(&mut s.socket, &self.epoll);
+                    self.watching -= 1;
+                }
                 self.epoll.remove(s.fd);
                 self.stats.subscriptions.fetch_sub(1, Relaxed);
                 self.free.push(i);

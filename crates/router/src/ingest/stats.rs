@@ -22,6 +22,8 @@ pub struct IngestStats {
     pub subscriptions: AtomicU64,
     /// Sweeps of a quiet socket that found messages no edge had announced.
     pub rescued: AtomicU64,
+    /// Load sockets redialled after a long silence (a lost or refused connection).
+    pub redials: AtomicU64,
     lag_buckets: [AtomicU64; LAG_BUCKETS_S.len()],
     lag_count: AtomicU64,
     lag_sum_us: AtomicU64,
@@ -82,6 +84,11 @@ impl IngestStats {
                 "loadlink_ingest_rescued_total",
                 "Quiet sockets whose once-a-second sweep found messages no readiness edge announced",
                 &self.rescued,
+            ),
+            (
+                "loadlink_ingest_redials_total",
+                "Load sockets redialled after 5 s of silence (a connection libzmq dropped for a protocol error, e.g. an oversized message, is not redialled by libzmq)",
+                &self.redials,
             ),
         ];
         for (name, help, c) in counters {
