@@ -68,6 +68,18 @@ pub struct BudgetArgs {
     /// before the workers it added are removed.
     #[arg(long, default_value_t = d().membership_empty_answers)]
     membership_empty_answers: u32,
+    /// Threads that parse, tokenize and hash large request bodies off the async executor at once
+    /// (0: one per core).
+    #[arg(long, default_value_t = d().request_work_threads)]
+    request_work_threads: usize,
+    /// Large-body jobs that may wait for a request-work thread; beyond it a request is answered
+    /// 503 with Retry-After and counted as request_too_large.
+    #[arg(long, default_value_t = d().request_work_queue)]
+    request_work_queue: usize,
+    /// Bodies up to this many bytes are worked inline on the executor (the hop to a thread costs
+    /// more than the work); larger ones go to the request-work pool.
+    #[arg(long, default_value_t = d().request_work_inline_bytes)]
+    request_work_inline_bytes: usize,
 }
 
 impl BudgetArgs {
@@ -121,6 +133,9 @@ impl BudgetArgs {
         b.index_blocks_per_rank = self.kv_index_max_blocks_per_rank;
         b.trust_advertised_hosts = self.trust_advertised_hosts;
         b.membership_empty_answers = self.membership_empty_answers;
+        b.request_work_threads = self.request_work_threads;
+        b.request_work_queue = self.request_work_queue;
+        b.request_work_inline_bytes = self.request_work_inline_bytes;
         Ok(())
     }
 }

@@ -67,6 +67,9 @@ pub struct DiscoveryLimits {
     pub fetch: FetchBudget,
     /// Fleet-wide refusal counts (there is no `Worker` yet during discovery).
     pub refusals: Option<Arc<RefusalCounts>>,
+    /// The load-source probe of a worker without load sockets: [`PROBE_TIMEOUT`] per request,
+    /// the poll body budget ([`Budgets::poll_body_bytes`]).
+    pub probe: crate::poll::PollConfig,
 }
 
 impl DiscoveryLimits {
@@ -79,6 +82,12 @@ impl DiscoveryLimits {
                 max_body: budgets.discovery_body_bytes,
             },
             refusals: None,
+            probe: crate::poll::PollConfig {
+                timeout: PROBE_TIMEOUT,
+                max_body_bytes: budgets.poll_body_bytes,
+                max_ranks: budgets.max_ranks,
+                ..Default::default()
+            },
         }
     }
 
@@ -180,7 +189,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
     let mut d = discover_push(client, url, limits).await;
     if d.endpoints.is_empty() {
-        match crate::poll::probe(client, url, PROBE_TIMEOUT).await {
+        match crate::poll::probe_with(client, url, &limits.probe).await {
             Ok(p) => d.poll = Some(p),
             Err(why) => {
                 let push = d.no_load_reason.take().unwrap_or_default();

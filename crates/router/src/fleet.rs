@@ -176,13 +176,6 @@ impl Fleet {
         pollers.drain().for_each(|(_, h)| h.abort());
     }
 
-    /// Formerly sized the libzmq context from the fleet found at start; the context is now made
-    /// at libzmq's maximum (see the module docs) and every add sizes the descriptor limit, so
-    /// this only logs the figure.
-    pub fn reserve(&self, sockets: usize) {
-        tracing::debug!("{sockets} subscription sockets expected at start");
-    }
-
     fn ingest(&self) -> Result<&(Ingest, Arc<FleetContext>), &str> {
         self.ingest
             .get_or_init(|| {

@@ -35,8 +35,6 @@ pub enum RouterError {
     WorkerUrl(String),
     #[error("{0}")]
     Tokenizer(String),
-    #[error(transparent)]
-    Descriptors(#[from] crate::fdlimit::FdLimitError),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: String,
@@ -117,13 +115,9 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     // Serving starts before discovery: each worker is routable once its own discovery is done.
     let server = tokio::spawn(serve(listener, app(state.clone()), rx));
-    if let Err(e) = add_workers(&state, &urls).await {
-        let _ = tx.send(());
-        let _ = server.await;
-        return Err(e);
-    }
-    let health = tokio::spawn(health_loop(state.clone()));
     let probe = state.executor.spawn(crate::executor_probe::PERIOD);
+    add_workers(&state, &urls).await;
+    let health = tokio::spawn(health_loop(state.clone()));
     let membership = crate::membership::spawn(&state);
     tracing::info!(
         "router on http://{local} ({} workers, policy {}, signal {:?})",
@@ -156,19 +150,16 @@ async fn bind(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), Route
 
 /// Discovers the workers (at most `discovery_concurrency` at once, each bounded by its
 /// discovery budget) and adds each to the fleet as soon as its own discovery ends, so a slow or
-/// stalled worker delays nobody. Before each add it checks that the process may hold the sockets
-/// found so far (raising the soft descriptor limit, or refusing with the figure).
-///
-/// The libzmq context is sized at the fleet's first add ([`crate::fleet::Fleet::reserve`]); it
-/// is sized then for the URLs still to come as if each held as many sockets as the largest worker
-/// seen so far (a fleet is usually uniform).
-async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterError> {
+/// stalled worker delays nobody. Each add grants the descriptors its subscriptions need (raising
+/// the soft limit) or refuses that worker's subscriptions with a visible reason
+/// ([`crate::fleet::Fleet::add`]): start-up and runtime adds follow one rule.
+async fn add_workers(state: &AppState, urls: &[String]) {
     use futures_util::StreamExt;
     let limits = DiscoveryLimits::of(state);
     let concurrency = state.cfg.discovery_concurrency.max(1);
     let mut queued = urls.iter();
     let mut running = futures_util::stream::FuturesUnordered::new();
-    let (mut added, mut ranks, mut kv_ranks, mut sockets, mut widest) = (0, 0, 0, 0, 0);
+    let (mut ranks, mut kv_ranks) = (0, 0);
     loop {
         while running.len() < concurrency {
             let Some(url) = queued.next() else { break };
@@ -177,15 +168,8 @@ async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterErro
         let Some((url, d)) = running.next().await else {
             break;
         };
-        added += 1;
         ranks += d.endpoints.len();
         kv_ranks += d.kv_ranks();
-        sockets += d.sockets();
-        widest = widest.max(d.sockets());
-        state.fleet.reserve(sockets + (urls.len() - added) * widest);
-        crate::fdlimit::ensure(crate::fdlimit::descriptors_needed_with_kv(
-            added, ranks, kv_ranks,
-        ))?;
         state.fleet.add(url, d);
     }
     let needed = crate::fdlimit::descriptors_needed_with_kv(urls.len(), ranks, kv_ranks);
@@ -193,7 +177,6 @@ async fn add_workers(state: &AppState, urls: &[String]) -> Result<(), RouterErro
         "{} workers, {ranks} load and {kv_ranks} KV-event subscriptions: {needed} file descriptors needed",
         urls.len()
     );
-    Ok(())
 }
 
 /// `url` with its discovery (a named function: a closure here would not be `Send` for every
