@@ -103,7 +103,11 @@ const HUGE: usize = 1 << 20;
 
 /// One round: fills a worker's slot with [`HUGE`] blocks, removes the worker on another thread,
 /// and returns the longest any lookup (8k-token prompt, 64 other workers) took meanwhile.
-fn worst_lookup_during_clear(book: &CacheBook, workers: &[Arc<Worker>], prompt: &[i64]) -> Duration {
+fn worst_lookup_during_clear(
+    book: &CacheBook,
+    workers: &[Arc<Worker>],
+    prompt: &[i64],
+) -> Duration {
     let big = Arc::new(Worker::new("http://big:1".into(), 1, None, Instant::now()));
     let id = book.register(&big, 16, 1)[0].0;
     let hashes: Vec<i64> = (0..HUGE as i64).map(|i| i * 7919 + 1_000_003).collect();
@@ -140,7 +144,12 @@ fn clear(c: &mut Criterion) {
     let prompt = chain(7);
     let workers: Vec<Arc<Worker>> = (0..WORKERS)
         .map(|w| {
-            let worker = Arc::new(Worker::new(format!("http://w{w}:1"), 1, None, Instant::now()));
+            let worker = Arc::new(Worker::new(
+                format!("http://w{w}:1"),
+                1,
+                None,
+                Instant::now(),
+            ));
             let id = book.register(&worker, 16, 1)[0].0;
             let depth = (w as usize * BLOCKS / WORKERS as usize).max(1);
             book.apply(id, &batch(&prompt[..depth]));

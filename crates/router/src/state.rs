@@ -35,7 +35,10 @@ pub struct AppState {
 impl AppState {
     /// The state for `cfg`; fails only when `--tokenizer` cannot be loaded.
     pub fn new(cfg: RouterConfig) -> Result<Self, String> {
-        let cache = Arc::new(CacheBook::new(cfg.kv_index_max_blocks).with_rank_quota(cfg.budgets.index_blocks_per_rank));
+        let cache = Arc::new(
+            CacheBook::new(cfg.kv_index_max_blocks)
+                .with_rank_quota(cfg.budgets.index_blocks_per_rank),
+        );
         let prefix = PrefixSettings {
             tokenizer: RouterTokenizer::load(cfg.tokenizer.as_deref())?,
             page_size: cfg.page_size.max(1),

@@ -29,7 +29,9 @@ fn stored(hashes: &[i64]) -> KvEventBatch {
 
 /// `n` distinct block hashes, none of them small numbers.
 fn hashes(from: usize, n: usize) -> Vec<i64> {
-    (from..from + n).map(|i| i as i64 * 7919 + 1_000_003).collect()
+    (from..from + n)
+        .map(|i| i as i64 * 7919 + 1_000_003)
+        .collect()
 }
 
 fn completion(text: &str) -> Vec<u8> {
@@ -53,9 +55,17 @@ fn a_rank_over_its_quota_is_priced_from_the_tree_and_never_refilled() {
     book.apply(s[0].0, &stored(&hashes(0, 50)));
     book.apply(f[0].0, &stored(&hashes(0, 100)));
     book.apply(s[1].0, &stored(&hashes(1_000, 150)));
-    assert_eq!(book.rank_blocks("http://w:1", 1), Some(vec![]), "rank 1 is not indexed");
+    assert_eq!(
+        book.rank_blocks("http://w:1", 1),
+        Some(vec![]),
+        "rank 1 is not indexed"
+    );
     assert_eq!(book.rank_blocks("http://w:1", 0).map(|b| b.len()), Some(50));
-    assert_eq!(book.blocks(), 100, "fine's 100 blocks, w's rank 0 shares them");
+    assert_eq!(
+        book.blocks(),
+        100,
+        "fine's 100 blocks, w's rank 0 shares them"
+    );
     assert_eq!(w.refusals.counts().get(Refusal::IndexQuota), 1);
     assert!(w.refusals.last().unwrap().starts_with("index_quota: "));
     let (kv, _) = book.worker_json(&w);
@@ -77,12 +87,20 @@ fn a_rank_over_its_quota_is_priced_from_the_tree_and_never_refilled() {
 
     // Priced from the approximate tree: what it was sent counts; `fine` stays on the index only.
     let text = "y".repeat(160); // 40 tokens: 9 full pages of 4 can match
-    let l = book.lookup(&settings(), "/v1/completions", &completion(&text), &ws, 1).unwrap();
+    let l = book
+        .lookup(&settings(), "/v1/completions", &completion(&text), &ws, 1)
+        .unwrap();
     assert_eq!(l.cached, [0, 0]);
     book.record_dispatch(&l, &ws, 0, 1);
     book.record_dispatch(&l, &ws, 1, 1);
-    let again = book.lookup(&settings(), "/v1/completions", &completion(&text), &ws, 2).unwrap();
-    assert_eq!(again.cached, [36, 0], "w from its tree, fine from the index");
+    let again = book
+        .lookup(&settings(), "/v1/completions", &completion(&text), &ws, 2)
+        .unwrap();
+    assert_eq!(
+        again.cached,
+        [36, 0],
+        "w from its tree, fine from the index"
+    );
 }
 
 #[test]
@@ -132,14 +150,22 @@ fn a_dispatch_after_removal_does_not_bring_the_worker_back() {
     let book = CacheBook::default();
     let ws = [worker("http://a:1", 1), worker("http://b:1", 1)];
     let body = completion(&"x".repeat(160));
-    let l = book.lookup(&settings(), "/v1/completions", &body, &ws, 1).unwrap();
+    let l = book
+        .lookup(&settings(), "/v1/completions", &body, &ws, 1)
+        .unwrap();
     book.record_dispatch(&l, &ws, 0, 1);
     book.record_dispatch(&l, &ws, 1, 1);
     book.unregister(&ws[0]);
     // A request that picked `a` before it was removed records its dispatch afterwards.
     book.record_dispatch(&l, &ws, 0, 2);
-    let again = book.lookup(&settings(), "/v1/completions", &body, &ws, 3).unwrap();
-    assert_eq!(again.cached, [0, 36], "a's tree stays forgotten, b's is kept");
+    let again = book
+        .lookup(&settings(), "/v1/completions", &body, &ws, 3)
+        .unwrap();
+    assert_eq!(
+        again.cached,
+        [0, 36],
+        "a's tree stays forgotten, b's is kept"
+    );
     assert_eq!(again.sizes, [0, 36]);
 }
 
@@ -161,7 +187,11 @@ fn registering_one_url_twice_does_not_leak_the_first_registration() {
     assert_eq!(out, [0, 8]);
     book.unregister(&second);
     assert_eq!(book.blocks(), 0);
-    assert_eq!(book.rank_blocks("http://a:1", 0), None, "nothing left for the URL");
+    assert_eq!(
+        book.rank_blocks("http://a:1", 0),
+        None,
+        "nothing left for the URL"
+    );
 }
 
 #[test]
@@ -182,5 +212,9 @@ fn concurrent_registrations_of_one_worker_leave_nothing_behind() {
         }
     });
     book.unregister(&w);
-    assert_eq!(book.blocks(), 0, "a registration replaced mid-race leaked its slot");
+    assert_eq!(
+        book.blocks(),
+        0,
+        "a registration replaced mid-race leaked its slot"
+    );
 }

@@ -4,7 +4,9 @@
 //! refill loop.
 
 use loadlink_router::LoadSignal;
-use loadlink_testkit::{complete_ok, engine_blocks, kv_engine, router, scrape, wait_for, worker_json};
+use loadlink_testkit::{
+    complete_ok, engine_blocks, kv_engine, router, scrape, wait_for, worker_json,
+};
 use serde_json::json;
 
 const PAGE: usize = 4;
@@ -32,7 +34,10 @@ async fn a_rank_past_its_index_quota_is_dropped_once_with_the_reason_shown() {
         send(&c, &url, i).await;
     }
     let held: usize = engine_blocks(&c, &url).await.iter().map(Vec::len).sum();
-    assert!(held > QUOTA, "the engine caches {held} blocks, more than the quota");
+    assert!(
+        held > QUOTA,
+        "the engine caches {held} blocks, more than the quota"
+    );
     wait_for("the rank over quota", 10, || async {
         let w = worker_json(&c, &r.url(), &url).await;
         w["kv_events"]["over_quota_ranks"] == json!([0])
@@ -48,7 +53,10 @@ async fn a_rank_past_its_index_quota_is_dropped_once_with_the_reason_shown() {
     for i in 6..12 {
         send(&c, &url, i).await;
     }
-    wait_for("the later batches applied", 10, || async { stored().await > before }).await;
+    wait_for("the later batches applied", 10, || async {
+        stored().await > before
+    })
+    .await;
     let w = worker_json(&c, &r.url(), &url).await;
     let kv = &w["kv_events"];
     assert_eq!(kv["blocks"], json!(0), "{w}");
@@ -56,7 +64,12 @@ async fn a_rank_past_its_index_quota_is_dropped_once_with_the_reason_shown() {
     let reason = kv["not_indexed_reason"].as_str().unwrap_or_default();
     assert!(reason.contains("approximate tree"), "{w}");
     assert_eq!(w["refusals"]["index_quota"], json!(1), "{w}");
-    assert!(w["last_refusal"].as_str().unwrap_or_default().starts_with("index_quota"));
+    assert!(
+        w["last_refusal"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("index_quota")
+    );
     assert_eq!(r.state.cache.blocks(), 0);
     let m = scrape(&c, &r.url()).await;
     let refused = m.value("loadlink_peer_refusals_total", &[("reason", "index_quota")]);

@@ -487,7 +487,11 @@ mod tests {
         let sb = book.register(&b, 4, 1);
         assert_ne!(sb[0].0, sa[0].0, "a stream id is never given out twice");
         book.apply(sa[0].0, &batch(vec![stored(&[1, 2])]));
-        assert_eq!(book.blocks(), 0, "a removed stream's late batch lands nowhere");
+        assert_eq!(
+            book.blocks(),
+            0,
+            "a removed stream's late batch lands nowhere"
+        );
         let mut out = Vec::new();
         book.cached_tokens(&[a, b], &[1, 2], 4, &mut out);
         assert_eq!(out, [0, 0]);

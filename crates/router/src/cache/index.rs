@@ -421,7 +421,11 @@ mod tests {
         assert!(ix.take_over_quota().is_empty(), "counted once");
         let mut spent = Vec::new();
         while ix.unlink_step(1, &mut spent) {}
-        assert_eq!((ix.len(), ix.slot_stats(0).blocks), (1, 0), "only slot 1's block");
+        assert_eq!(
+            (ix.len(), ix.slot_stats(0).blocks),
+            (1, 0),
+            "only slot 1's block"
+        );
         ix.release_slot(0);
         ix.apply(0, &stored(&[9]));
         assert_eq!(ix.slot_stats(0).blocks, 1, "a released slot starts afresh");
