@@ -1,7 +1,7 @@
 //! The approximate trees of the workers priced without a KV index: one [`ApproxTree`] per worker,
 //! each behind its own mutex, so the request paths of different workers never wait for each
-//! other. Recording a dispatched chain is O(prompt) (every block restamped): under one global
-//! mutex, as before, every request's lookup waited for every other request's record.
+//! other. Recording a dispatched chain is O(prompt) (every block restamped); under the single
+//! global mutex this replaces, every request's lookup waited for every other request's record.
 //!
 //! * **Sharding.** The worker → tree map sits behind an `RwLock` taken for reading on the request
 //!   path (lookups and records) and for writing only when a worker gets its first tree or leaves.
