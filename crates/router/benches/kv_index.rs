@@ -102,12 +102,11 @@ fn bench(c: &mut Criterion) {
 const HUGE: usize = 1 << 20;
 
 /// One round: fills a worker's slot with [`HUGE`] blocks, removes the worker on another thread,
-/// and returns the longest any lookup (8k-token prompt, 64 other workers) took meanwhile.
-fn worst_lookup_during_clear(
-    book: &CacheBook,
-    workers: &[Arc<Worker>],
-    prompt: &[i64],
-) -> Duration {
+/// and returns the 99th percentile of the lookups (8k-token prompt, 64 other workers) made
+/// meanwhile. (The maximum is dominated by the lookup thread being descheduled on a loaded
+/// machine; a lookup that waits for a whole clear shows in the 99th percentile as well, since
+/// few lookups complete then.)
+fn p99_lookup_during_clear(book: &CacheBook, workers: &[Arc<Worker>], prompt: &[i64]) -> Duration {
     let big = Arc::new(Worker::new("http://big:1".into(), 1, None, Instant::now()));
     let id = book.register(&big, 16, 1)[0].0;
     let hashes: Vec<i64> = (0..HUGE as i64).map(|i| i * 7919 + 1_000_003).collect();
@@ -115,7 +114,7 @@ fn worst_lookup_during_clear(
         book.apply(id, &batch(h));
     }
     let done = AtomicBool::new(false);
-    let mut worst = Duration::ZERO;
+    let mut times: Vec<Duration> = Vec::new();
     let mut out = Vec::with_capacity(workers.len());
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -125,10 +124,14 @@ fn worst_lookup_during_clear(
         while !done.load(SeqCst) {
             let t = Instant::now();
             book.cached_tokens(workers, black_box(prompt), 16, &mut out);
-            worst = worst.max(t.elapsed());
+            times.push(t.elapsed());
         }
     });
-    worst
+    times.sort();
+    times
+        .get(times.len() * 99 / 100)
+        .copied()
+        .unwrap_or_default()
 }
 
 fn batch(hashes: &[i64]) -> KvEventBatch {
@@ -158,11 +161,11 @@ fn clear(c: &mut Criterion) {
         .collect();
     let mut g = c.benchmark_group("kv_index_clear");
     g.sample_size(10);
-    // Reported "time" is the worst lookup of one round, averaged over rounds.
-    g.bench_function("worst_lookup_while_1m_block_slot_is_cleared", |b| {
+    // Reported "time" is the 99th-percentile lookup of one round, averaged over rounds.
+    g.bench_function("p99_lookup_while_1m_block_slot_is_cleared", |b| {
         b.iter_custom(|rounds| {
             (0..rounds)
-                .map(|_| worst_lookup_during_clear(&book, &workers, &prompt))
+                .map(|_| p99_lookup_during_clear(&book, &workers, &prompt))
                 .sum()
         })
     });

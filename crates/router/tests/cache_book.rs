@@ -167,6 +167,7 @@ fn a_dispatch_after_removal_does_not_bring_the_worker_back() {
         "a's tree stays forgotten, b's is kept"
     );
     assert_eq!(again.sizes, [0, 36]);
+    assert_eq!(book.registrations(), (0, 1), "one tree: b's");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The approximate trees of the workers priced without a KV index: one [`ApproxTree`] per worker,
 //! each behind its own mutex, so the request paths of different workers never wait for each
-//! other. Recording a dispatched chain is O(prompt) (every block restamped): under one global
-//! mutex, as before, every request's lookup waited for every other request's record.
+//! other. Recording a dispatched chain is O(prompt) (every block restamped); under the single
+//! global mutex this replaces, every request's lookup waited for every other request's record.
 //!
 //! * **Sharding.** The worker → tree map sits behind an `RwLock` taken for reading on the request
 //!   path (lookups and records) and for writing only when a worker gets its first tree or leaves.
@@ -60,16 +60,29 @@ impl ApproxSlots {
         self.shards.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `w`'s tree figures at `now_ms` (after expiry): its size in blocks, and how many leading
-    /// blocks of `chain` it holds. `(0, 0)` for a worker never sent anything.
-    pub(crate) fn peek(&self, w: &Worker, chain: &[i64], now_ms: u64) -> (u64, u32) {
+    /// For each of `workers` that `wanted` names (by position), its tree's figures at `now_ms`
+    /// (after expiry): its size in blocks, and how many leading blocks of `chain` it holds; `(0,
+    /// 0)` for the others and for a worker never sent anything. One read of the map; one tree lock
+    /// at a time.
+    pub(crate) fn peek_each(
+        &self,
+        workers: &[Arc<Worker>],
+        wanted: impl Fn(usize) -> bool,
+        chain: &[i64],
+        now_ms: u64,
+        out: &mut Vec<(u64, u32)>,
+    ) {
+        out.clear();
+        out.resize(workers.len(), (0, 0));
         let g = self.read();
-        let Some(shard) = g.trees.get(&key(w)) else {
-            return (0, 0);
-        };
-        let mut t = shard.tree.lock().unwrap_or_else(|p| p.into_inner());
-        t.expire(now_ms);
-        (t.slot_stats(SLOT).blocks, t.slot_depth(SLOT, chain))
+        for (i, w) in workers.iter().enumerate() {
+            let Some(shard) = g.trees.get(&key(w)).filter(|_| wanted(i)) else {
+                continue;
+            };
+            let mut t = shard.tree.lock().unwrap_or_else(|p| p.into_inner());
+            t.expire(now_ms);
+            out[i] = (t.slot_stats(SLOT).blocks, t.slot_depth(SLOT, chain));
+        }
     }
 
     /// Records that `chain` was sent to `w` at `now_ms`; ignored for a removed worker.

@@ -284,7 +284,7 @@ impl CacheBook {
         for (worker, rank) in refused {
             worker.refusals.refuse(Refusal::IndexQuota, || {
                 format!(
-                    "KV-event stream of rank {rank} holds more than {quota} blocks (--kv-index-max-blocks-per-rank): the rank is no longer indexed, the worker is priced from the approximate tree"
+                    "the KV-event stream of rank {rank} stored more than {quota} blocks (--kv-index-max-blocks-per-rank): the rank is no longer indexed, the worker is priced from the approximate tree"
                 )
             });
         }

@@ -129,11 +129,14 @@ impl CacheBook {
         now_ms: u64,
         only_tree: bool,
     ) {
-        for (i, w) in workers.iter().enumerate() {
+        let mut trees = Vec::new();
+        let wanted = |i: usize| l.sent_sizes || l.approx[i];
+        self.approx
+            .peek_each(workers, wanted, &l.prompt.chain, now_ms, &mut trees);
+        for (i, &(blocks, held)) in trees.iter().enumerate() {
             if !(l.sent_sizes || l.approx[i]) {
                 continue;
             }
-            let (blocks, held) = self.approx.peek(w, &l.prompt.chain, now_ms);
             let (size, cached) = (blocks * page, u64::from(held) * page);
             if l.sent_sizes || only_tree {
                 l.sizes[i] = size;
