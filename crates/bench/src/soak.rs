@@ -35,6 +35,8 @@ pub struct Soak {
     pub flood_per_s: u64,
     /// Hostile workers are removed and registered again this often.
     pub churn: Duration,
+    /// Which hostile workers to run ([`hostile::KINDS`]).
+    pub hostile: Vec<String>,
 }
 
 /// The acceptance bounds.
@@ -76,7 +78,7 @@ impl SoakReport {
             "soak: {:.0} s, {} healthy engines + {} hostile workers, {:.0} req/s, garbage {} msg/s, churn every {:.0} s\n",
             s.duration.as_secs_f64(),
             s.engines,
-            hostile::KINDS.len(),
+            s.hostile.len(),
             s.rate,
             s.flood_per_s,
             s.churn.as_secs_f64()
@@ -222,7 +224,7 @@ pub async fn run(s: &Soak) -> Result<SoakReport, String> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_rss = rss_mib(pid)?;
 
-    let hostile = hostile::start(s.flood_per_s).await?;
+    let hostile = hostile::start(&s.hostile, s.flood_per_s).await?;
     let register = |c: reqwest::Client, url: String, router: String| async move {
         let _ = c
             .post(format!("{router}/workers"))

@@ -56,6 +56,10 @@ pub struct SoakArgs {
     /// Seconds between removing and registering the hostile workers again (0: never).
     #[arg(long, default_value_t = 20.0)]
     churn: f64,
+    /// Hostile workers to run, comma-separated: stall, dribble, huge, ranks-json, ranks-metrics,
+    /// garbage-pub (default: all).
+    #[arg(long, value_delimiter = ',')]
+    hostile: Vec<String>,
 }
 
 fn soak(a: SoakArgs) -> Result<()> {
@@ -70,6 +74,13 @@ fn soak(a: SoakArgs) -> Result<()> {
         rate: a.rate,
         flood_per_s: a.flood,
         churn: secs("churn", a.churn)?,
+        hostile: if a.hostile.is_empty() {
+            loadlink_bench::soak::hostile::KINDS
+                .map(String::from)
+                .to_vec()
+        } else {
+            a.hostile
+        },
     };
     let r = crate::runtime()?
         .block_on(loadlink_bench::soak::run(&s))

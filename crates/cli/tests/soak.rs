@@ -16,6 +16,9 @@ fn hostile_workers_beside_healthy_engines_cost_no_request_and_bounded_memory() {
         rate: 10.0,
         flood_per_s: 2000,
         churn: Duration::from_secs(6),
+        hostile: loadlink_bench::soak::hostile::KINDS
+            .map(String::from)
+            .to_vec(),
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let r = rt.block_on(loadlink_bench::soak::run(&s)).unwrap();

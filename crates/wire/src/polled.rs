@@ -24,6 +24,10 @@ pub enum PolledError {
     Loads(String),
     #[error("/metrics: {0}")]
     Metrics(String),
+    /// The page holds more scheduler-gauge samples than the caller's budget: refused before any
+    /// of them is parsed.
+    #[error("/metrics: {samples} or more scheduler-gauge samples, over the budget of {budget}")]
+    OverBudget { samples: usize, budget: usize },
 }
 
 /// Fields a `/v1/loads` rank must carry to be priced.
@@ -130,8 +134,8 @@ impl MetricsFlavor {
     }
 }
 
-/// Keeps the `# HELP`/`# TYPE` and sample lines of `names` only.
-fn keep_gauges(text: &str, names: &[&str]) -> String {
+/// Keeps the `# HELP`/`# TYPE` and sample lines of `names` only, at most `max_samples` samples.
+fn keep_gauges(text: &str, names: &[&str], max_samples: usize) -> Result<String, PolledError> {
     let metric = |line: &str| -> Option<bool> {
         let line = line.trim_start();
         let rest = match line.strip_prefix('#') {
@@ -146,11 +150,21 @@ fn keep_gauges(text: &str, names: &[&str]) -> String {
         Some(names.contains(&name))
     };
     let mut out = String::new();
+    let mut samples = 0usize;
     for line in text.lines().filter(|l| metric(l) == Some(true)) {
+        if !line.trim_start().starts_with('#') {
+            samples += 1;
+            if samples > max_samples {
+                return Err(PolledError::OverBudget {
+                    samples,
+                    budget: max_samples,
+                });
+            }
+        }
         out.push_str(line);
         out.push('\n');
     }
-    out
+    Ok(out)
 }
 
 /// The flavour whose running-requests gauge has samples on the page, SGLang first.
@@ -169,6 +183,16 @@ fn detect(text: &str) -> Option<MetricsFlavor> {
 /// The per-rank load of a `/metrics` page, and whose names it used. Ranks are numbered by the
 /// rank label (absent: rank 0); how several series of one rank combine is [`per_rank`]'s rule.
 pub fn loads_from_metrics(text: &str) -> Result<(MetricsFlavor, Vec<LoadSnapshot>), PolledError> {
+    loads_from_metrics_within(text, usize::MAX)
+}
+
+/// [`loads_from_metrics`], refusing a page with more than `max_samples` samples of the scheduler
+/// gauges before it parses any: parsing costs memory in proportion to the samples, and a page of
+/// a few MiB can hold a hundred thousand.
+pub fn loads_from_metrics_within(
+    text: &str,
+    max_samples: usize,
+) -> Result<(MetricsFlavor, Vec<LoadSnapshot>), PolledError> {
     let err = |m: String| PolledError::Metrics(m);
     let flavor = detect(text).ok_or_else(|| {
         err(
@@ -176,7 +200,8 @@ pub fn loads_from_metrics(text: &str) -> Result<(MetricsFlavor, Vec<LoadSnapshot
                 .into(),
         )
     })?;
-    let page = parse(&keep_gauges(text, &flavor.gauges())).map_err(|e| err(e.to_string()))?;
+    let kept = keep_gauges(text, &flavor.gauges(), max_samples)?;
+    let page = parse(&kept).map_err(|e| err(e.to_string()))?;
     let n = flavor.names();
     let running = per_rank(&page, n.running, n.rank_label).map_err(err)?;
     let waiting = per_rank(&page, n.waiting, n.rank_label).map_err(err)?;

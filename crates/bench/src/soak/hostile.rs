@@ -55,9 +55,16 @@ impl Drop for Hostile {
     }
 }
 
-/// Starts one worker of each kind, worker i on 127.0.0.(10 + i). `flood_per_s` bounds the garbage
-/// publishers' message rate (all ranks together).
-pub async fn start(flood_per_s: u64) -> Result<Hostile, String> {
+/// Starts one worker of each of `kinds` (names from [`KINDS`]), the i-th of [`KINDS`] on
+/// 127.0.0.(10 + i). `flood_per_s` bounds the garbage publishers' message rate (all ranks
+/// together).
+pub async fn start(kinds: &[String], flood_per_s: u64) -> Result<Hostile, String> {
+    if let Some(k) = kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown hostile worker kind {k:?}; expected some of {}",
+            KINDS.join(", ")
+        ));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let mut h = Hostile {
@@ -67,6 +74,9 @@ pub async fn start(flood_per_s: u64) -> Result<Hostile, String> {
         sent: sent.clone(),
     };
     for (i, kind) in KINDS.iter().enumerate() {
+        if !kinds.iter().any(|k| k == kind) {
+            continue;
+        }
         let ip = format!("127.0.0.{}", 10 + i);
         let app = match *kind {
             "garbage-pub" => {

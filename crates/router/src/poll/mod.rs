@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::LoadSnapshot;
-use loadlink_wire::polled::{loads_from_json, loads_from_metrics};
+use loadlink_wire::polled::{PolledError, loads_from_json, loads_from_metrics_within};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::AbortHandle;
@@ -152,24 +152,47 @@ fn path(kind: LoadSourceKind) -> &'static str {
     }
 }
 
-/// A fetched body read as per-rank snapshots.
-fn read(kind: LoadSourceKind, body: &[u8]) -> Result<Vec<LoadSnapshot>, String> {
+/// Scheduler-gauge samples a scraped page may hold per rank of its bound: each rank has up to
+/// six gauges, with room for a second label set (a model name) on each.
+const SAMPLES_PER_RANK: usize = 12;
+
+/// Why a body gave no snapshots, and the refusal it counts as (when it broke a budget).
+type ReadError = (String, Option<Refusal>);
+
+/// A fetched body read as per-rank snapshots; a page with more gauge samples than
+/// [`SAMPLES_PER_RANK`] × `max_ranks` is refused unread.
+fn read(
+    kind: LoadSourceKind,
+    body: &[u8],
+    max_ranks: usize,
+) -> Result<Vec<LoadSnapshot>, ReadError> {
     match kind {
-        LoadSourceKind::ScrapeMetrics => loads_from_metrics(&String::from_utf8_lossy(body))
-            .map(|(_, snaps)| snaps)
-            .map_err(|e| e.to_string()),
-        _ => loads_from_json(body).map_err(|e| e.to_string()),
+        LoadSourceKind::ScrapeMetrics => loads_from_metrics_within(
+            &String::from_utf8_lossy(body),
+            max_ranks.saturating_mul(SAMPLES_PER_RANK),
+        )
+        .map(|(_, snaps)| snaps)
+        .map_err(|e| {
+            let refusal =
+                matches!(e, PolledError::OverBudget { .. }).then_some(Refusal::RankOutOfRange);
+            (e.to_string(), refusal)
+        }),
+        _ => loads_from_json(body).map_err(|e| (e.to_string(), None)),
     }
 }
 
 /// [`read`], on the blocking pool when the body is larger than [`PARSE_INLINE_BYTES`].
-async fn read_off_executor(kind: LoadSourceKind, body: Bytes) -> Result<Vec<LoadSnapshot>, String> {
+async fn read_off_executor(
+    kind: LoadSourceKind,
+    body: Bytes,
+    max_ranks: usize,
+) -> Result<Vec<LoadSnapshot>, ReadError> {
     if body.len() <= PARSE_INLINE_BYTES {
-        return read(kind, &body);
+        return read(kind, &body, max_ranks);
     }
-    tokio::task::spawn_blocking(move || read(kind, &body))
+    tokio::task::spawn_blocking(move || read(kind, &body, max_ranks))
         .await
-        .unwrap_or_else(|e| Err(format!("parsing the body failed: {e}")))
+        .unwrap_or_else(|e| Err((format!("parsing the body failed: {e}"), None)))
 }
 
 /// Distinct ranks a page reports (it comes sorted by rank).
@@ -198,7 +221,9 @@ pub async fn probe_with(
     let mut why = Vec::new();
     for kind in [LoadSourceKind::PollLoads, LoadSourceKind::ScrapeMetrics] {
         let got = match fetch(client, url, path(kind), cfg.timeout, cfg.max_body_bytes).await {
-            Ok(body) => read_off_executor(kind, body).await,
+            Ok(body) => read_off_executor(kind, body, cfg.max_ranks)
+                .await
+                .map_err(|(why, _)| why),
             Err(f) => Err(f.why),
         };
         match got {
@@ -260,9 +285,14 @@ async fn poll_once(worker: &Worker, client: &HttpClient, cfg: &PollConfig, seq: 
             return source.failed(f.why, f.refusal == Some(Refusal::TimedOut));
         }
     };
-    let snaps = match read_off_executor(source.kind, body).await {
+    let snaps = match read_off_executor(source.kind, body, worker.ranks.bound()).await {
         Ok(s) => s,
-        Err(e) => return source.failed(e, false),
+        Err((why, refusal)) => {
+            if let Some(r) = refusal {
+                worker.refusals.refuse(r, || why.clone());
+            }
+            return source.failed(why, false);
+        }
     };
     let now = worker.now_ms();
     let bound = worker.ranks.bound();

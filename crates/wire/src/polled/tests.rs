@@ -125,3 +125,25 @@ fn metrics_errors_name_what_is_missing() {
     let e = loads_from_metrics(bad_rank).unwrap_err().to_string();
     assert!(e.contains("engine=\"x\""), "{e}");
 }
+
+#[test]
+fn a_page_over_its_sample_budget_is_refused_before_it_is_parsed() {
+    let mut page = String::new();
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting"] {
+        page += &format!("# TYPE {name} gauge\n");
+        for e in 0..10 {
+            page += &format!("{name}{{engine=\"{e}\"}} 1\n");
+        }
+    }
+    let (_, snaps) = loads_from_metrics_within(&page, 20).unwrap();
+    assert_eq!(snaps.len(), 10, "20 samples fit a budget of 20");
+    match loads_from_metrics_within(&page, 19) {
+        Err(PolledError::OverBudget { samples, budget }) => {
+            assert_eq!((samples, budget), (20, 19));
+        }
+        other => panic!("expected OverBudget, got {other:?}"),
+    }
+    // Other metrics on the page do not count against the budget.
+    let noisy = format!("{page}# TYPE other gauge\nother{{a=\"1\"}} 1\nother{{a=\"2\"}} 1\n");
+    assert!(loads_from_metrics_within(&noisy, 20).is_ok());
+}
