@@ -3,7 +3,7 @@
 //! client request fails (retries allowed), the router survives, its memory stays within idle +
 //! 64 MiB, every hostile worker is registered with the reason it is not priced on engine load,
 //! and refusals are counted. The executor-lateness bound is timing, so it is reported by the
-//! release-build soak (`scripts/soak`), not asserted here.
+//! release-build soak (`loadlink bench soak`, figures in `docs/results.md`), not asserted here.
 
 use std::time::Duration;
 
