@@ -191,7 +191,10 @@ pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) 
     if d.endpoints.is_empty() {
         match crate::poll::probe_with(client, url, &limits.probe).await {
             Ok(p) => d.poll = Some(p),
-            Err(why) => {
+            Err((why, refused)) => {
+                if let Some(counts) = &limits.refusals {
+                    refused.into_iter().for_each(|r| counts.add(r, 1));
+                }
                 let push = d.no_load_reason.take().unwrap_or_default();
                 d.no_load_reason = Some(format!("{push}; no HTTP load source: {why}"));
             }

@@ -209,23 +209,27 @@ pub async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> Result<
         timeout,
         ..PollConfig::default()
     };
-    probe_with(client, url, &cfg).await
+    probe_with(client, url, &cfg).await.map_err(|(why, _)| why)
 }
 
-/// [`probe`] within `cfg`'s timeout and body budget.
+/// [`probe`] within `cfg`'s timeout and body budget; a failure says why and which budgets the
+/// worker's answers broke (for the caller to count: there is no `Worker` yet).
 pub async fn probe_with(
     client: &HttpClient,
     url: &str,
     cfg: &PollConfig,
-) -> Result<Polled, String> {
+) -> Result<Polled, (String, Vec<Refusal>)> {
     let mut why = Vec::new();
+    let mut refused = Vec::new();
     for kind in [LoadSourceKind::PollLoads, LoadSourceKind::ScrapeMetrics] {
         let got = match fetch(client, url, path(kind), cfg.timeout, cfg.max_body_bytes).await {
-            Ok(body) => read_off_executor(kind, body, cfg.max_ranks)
-                .await
-                .map_err(|(why, _)| why),
-            Err(f) => Err(f.why),
+            Ok(body) => read_off_executor(kind, body, cfg.max_ranks).await,
+            Err(f) => Err((f.why, f.refusal)),
         };
+        let got = got.map_err(|(e, refusal)| {
+            refused.extend(refusal);
+            e
+        });
         match got {
             Ok(snaps) => {
                 return Ok(Polled {
@@ -236,7 +240,7 @@ pub async fn probe_with(
             Err(e) => why.push(e),
         }
     }
-    Err(why.join("; "))
+    Err((why.join("; "), refused))
 }
 
 /// Starts polling `worker` (whose source is polled) on the current tokio runtime; `None` outside
