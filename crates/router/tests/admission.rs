@@ -59,11 +59,17 @@ async fn burst(r: &RouterHandle, n: usize, slo_ms: Option<u64>) -> Vec<Outcome> 
 }
 
 async fn capped_router(engine: &str, admission: AdmissionConfig) -> RouterHandle {
-    router(vec![engine.to_string()], LoadSignal::Backlog, |c| {
+    let r = router(vec![engine.to_string()], LoadSignal::Backlog, |c| {
         c.policy = Policy::MinTtft(MinTtft::default());
         c.admission = admission;
     })
-    .await
+    .await;
+    let c = reqwest::Client::new();
+    wait_for("the engine's load is fresh", 20, || async {
+        worker_json(&c, &r.url(), engine).await["source"] == "engine"
+    })
+    .await;
+    r
 }
 
 /// The router has released everything: no in-flight request, no queued one.
@@ -83,10 +89,6 @@ async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
     let budget_ms = 1500;
     let open = capped_router(&e.url(), AdmissionConfig::default()).await;
     let c = reqwest::Client::new();
-    wait_for("the engine's load is fresh", 20, || async {
-        worker_json(&c, &open.url(), &e.url()).await["source"] == "engine"
-    })
-    .await;
     let uncapped = burst(&open, 40, None).await;
     let slowest = uncapped.iter().map(|o| o.first).max().unwrap();
     assert!(
@@ -104,10 +106,6 @@ async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
             ..Default::default()
         },
     )
-    .await;
-    wait_for("the engine's load is fresh", 20, || async {
-        worker_json(&c, &capped.url(), &e.url()).await["source"] == "engine"
-    })
     .await;
     let results = burst(&capped, 40, None).await;
     let (admitted, refused): (Vec<_>, Vec<_>) = results.iter().partition(|o| o.status == 200);
@@ -160,10 +158,6 @@ async fn a_budget_header_refuses_what_cannot_make_it_and_the_queue_is_bounded() 
     )
     .await;
     let c = reqwest::Client::new();
-    wait_for("the engine's load is fresh", 20, || async {
-        worker_json(&c, &r.url(), &e.url()).await["source"] == "engine"
-    })
-    .await;
     // A budget no engine can meet (a 1000-token prefill alone takes ~100 ms) is refused at once.
     let slo = burst(&r, 1, Some(1)).await;
     assert_eq!(slo[0].status, 429);
@@ -212,10 +206,6 @@ async fn clients_that_hang_up_while_queued_release_their_places() {
     )
     .await;
     let c = reqwest::Client::new();
-    wait_for("the engine's load is fresh", 20, || async {
-        worker_json(&c, &r.url(), &e.url()).await["source"] == "engine"
-    })
-    .await;
     let busy = blocker(&c, &r).await;
     // 40 impatient clients: 32 queue behind the blocker, 8 find the queue full; all hang up.
     let impatient = reqwest::Client::builder()

@@ -5,23 +5,8 @@
 
 use loadlink_router::{LoadSignal, RouterHandle};
 use loadlink_testkit::polled_worker::{Answer, loads_body, polled_worker, vllm_metrics_body};
-use loadlink_testkit::{router, wait_until, worker_json};
+use loadlink_testkit::{router, wait_worker};
 use serde_json::Value;
-
-/// Waits until `url`'s `/workers` entry passes `check`; returns it.
-async fn wait_worker(
-    r: &RouterHandle,
-    url: &str,
-    what: &str,
-    check: impl Fn(&Value) -> bool,
-) -> Value {
-    let c = reqwest::Client::new();
-    wait_until(what, 20, || async {
-        let w = worker_json(&c, &r.url(), url).await;
-        if check(&w) { Ok(w) } else { Err(w.to_string()) }
-    })
-    .await
-}
 
 fn refused(w: &Value, reason: &str) -> u64 {
     w["refusals"][reason].as_u64().unwrap_or(0)

@@ -9,7 +9,7 @@
 use loadlink_engine::{Engine, Flavor};
 use loadlink_router::{LoadSignal, RouterHandle};
 use loadlink_testkit::{
-    get_json, http_worker, publishing_engine, router, scrape, wait_until, worker_json,
+    get_json, http_worker, publishing_engine, router, scrape, wait_until, wait_worker, worker_json,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -26,21 +26,6 @@ fn direct_clients(engine_url: &str, n: usize) -> Vec<JoinHandle<()>> {
             })
         })
         .collect()
-}
-
-/// Polls the worker's `/workers` entry until `check` accepts it.
-async fn wait_worker(
-    r: &RouterHandle,
-    url: &str,
-    what: &str,
-    check: impl Fn(&Value) -> bool,
-) -> Value {
-    let c = reqwest::Client::new();
-    wait_until(what, 20, || async {
-        let w = worker_json(&c, &r.url(), url).await;
-        if check(&w) { Ok(w) } else { Err(w.to_string()) }
-    })
-    .await
 }
 
 fn polls(w: &Value) -> u64 {

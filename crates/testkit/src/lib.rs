@@ -53,6 +53,6 @@ pub use kv_sync::{
 pub use metrics::scrape;
 pub use pub_sink::snapshot_pub;
 pub use replay::{Replayed, replay};
-pub use router::{http_worker, router, worker_json, worker_of, workers};
+pub use router::{http_worker, router, wait_worker, worker_json, worker_of, workers};
 pub use sub::{drain_snapshots, first_message, joined_sub, publish_until_received, sub};
 pub use wait::{wait_for, wait_for_sync, wait_until, wait_until_sync};

@@ -82,3 +82,18 @@ pub fn worker_of(resp: &reqwest::Response) -> String {
         .unwrap_or_else(|| panic!("no x-loadlink-worker header: {:?}", resp.headers()))
         .to_string()
 }
+
+/// Polls `worker_url`'s `/workers` entry on `r` until `check` accepts it (20 s); returns it.
+pub async fn wait_worker(
+    r: &RouterHandle,
+    worker_url: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let c = reqwest::Client::new();
+    crate::wait_until(what, 20, || async {
+        let w = worker_json(&c, &r.url(), worker_url).await;
+        if check(&w) { Ok(w) } else { Err(w.to_string()) }
+    })
+    .await
+}
