@@ -3,16 +3,9 @@
 //! does the listener close.
 
 use loadlink_router::LoadSignal;
-use loadlink_testkit::{complete_ok, engine, router, wait_for};
-use serde_json::json;
+use loadlink_testkit::drain::{readiness, serves_through_the_drain_delay};
+use loadlink_testkit::{engine, router, wait_for};
 use std::time::Duration;
-
-async fn readiness(url: &str) -> Option<u16> {
-    // A fresh client per probe: each probe is a new connection, as a load balancer's is.
-    let c = reqwest::Client::new();
-    let r = c.get(format!("{url}/readiness")).send().await.ok()?;
-    Some(r.status().as_u16())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_fails_while_requests_are_still_served_during_the_drain_delay() {
@@ -26,15 +19,8 @@ async fn readiness_fails_while_requests_are_still_served_during_the_drain_delay(
 
     // A delay far longer than the test needs: the assertions below wait for states, not time.
     let drain = tokio::spawn(r.drain(Duration::from_secs(30), Duration::from_secs(5)));
-    wait_for("/readiness to answer 503", 10, || async {
-        readiness(&url).await == Some(503)
-    })
-    .await;
-    // A new connection with a new request is still routed and answered.
-    let fresh = reqwest::Client::new();
-    let body = json!({"model": "m", "prompt": "still serving", "max_tokens": 2});
-    complete_ok(&fresh, &url, &body).await;
-    assert!(!drain.is_finished(), "the drain waits out its delay");
+    // A new connection with a new request is still answered.
+    serves_through_the_drain_delay(&url, &drain).await;
     drain.abort();
     e.stop().await;
 }

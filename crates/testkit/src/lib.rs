@@ -29,6 +29,7 @@
 
 pub mod background;
 pub mod counting_worker;
+pub mod drain;
 pub mod engine;
 pub mod hostile_http;
 pub mod hostile_pub;
