@@ -200,6 +200,7 @@ impl RouteArgs {
 }
 
 pub fn run(a: RouteArgs) -> Result<()> {
+    loadlink_router::malloc::bound_arenas(loadlink_router::malloc::ROUTER_ARENAS);
     let a = match a.config.clone() {
         Some(path) => {
             let mut merged: RouteArgs = crate::config_file::overlay(&a, &path)?;

@@ -24,6 +24,7 @@ pub mod executor_probe;
 pub mod fdlimit;
 pub mod fleet;
 pub mod ingest;
+pub mod malloc;
 pub mod membership;
 pub mod metrics;
 pub mod models;

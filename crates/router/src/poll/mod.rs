@@ -156,6 +156,30 @@ fn path(kind: LoadSourceKind) -> &'static str {
 /// six gauges, with room for a second label set (a model name) on each.
 const SAMPLES_PER_RANK: usize = 12;
 
+/// Bytes a `/v1/loads?include=core` page may take per rank of its bound (a rank's core entry is
+/// a few hundred bytes of JSON), at least [`PARSE_INLINE_BYTES`]: parsing JSON costs several
+/// times its size in memory, so the page's budget follows the ranks it may carry, not only
+/// `--load-poll-max-body-bytes`.
+const LOADS_BYTES_PER_RANK: usize = 2 << 10;
+
+/// The body budget of a poll of `kind` for a worker whose ranks are bounded by `bound`.
+fn body_budget(kind: LoadSourceKind, max_body: usize, bound: usize) -> usize {
+    match kind {
+        LoadSourceKind::ScrapeMetrics => max_body,
+        _ => max_body.min(
+            bound
+                .saturating_mul(LOADS_BYTES_PER_RANK)
+                .max(PARSE_INLINE_BYTES),
+        ),
+    }
+}
+
+/// Entries a `/v1/loads` page lists, counted without parsing it (its `"dp_rank"` keys).
+fn listed_ranks(body: &[u8]) -> usize {
+    const KEY: &[u8] = b"\"dp_rank\"";
+    body.windows(KEY.len()).filter(|w| *w == KEY).count()
+}
+
 /// Why a body gave no snapshots, and the refusal it counts as (when it broke a budget).
 type ReadError = (String, Option<Refusal>);
 
@@ -177,7 +201,14 @@ fn read(
                 matches!(e, PolledError::OverBudget { .. }).then_some(Refusal::RankOutOfRange);
             (e.to_string(), refusal)
         }),
-        _ => loads_from_json(body).map_err(|e| (e.to_string(), None)),
+        _ => match listed_ranks(body) {
+            // Twice the bound leaves room for a rank listed twice; more is refused unparsed.
+            n if n > max_ranks.saturating_mul(2) => Err((
+                format!("/v1/loads: {n} ranks listed, more than twice the bound of {max_ranks}"),
+                Some(Refusal::RankOutOfRange),
+            )),
+            _ => loads_from_json(body).map_err(|e| (e.to_string(), None)),
+        },
     }
 }
 
@@ -222,7 +253,8 @@ pub async fn probe_with(
     let mut why = Vec::new();
     let mut refused = Vec::new();
     for kind in [LoadSourceKind::PollLoads, LoadSourceKind::ScrapeMetrics] {
-        let got = match fetch(client, url, path(kind), cfg.timeout, cfg.max_body_bytes).await {
+        let budget = body_budget(kind, cfg.max_body_bytes, cfg.max_ranks);
+        let got = match fetch(client, url, path(kind), cfg.timeout, budget).await {
             Ok(body) => read_off_executor(kind, body, cfg.max_ranks).await,
             Err(f) => Err((f.why, f.refusal)),
         };
@@ -272,14 +304,8 @@ async fn run(worker: Arc<Worker>, client: HttpClient, cfg: PollConfig) {
 async fn poll_once(worker: &Worker, client: &HttpClient, cfg: &PollConfig, seq: i64) {
     let source = &worker.load_source;
     let started = Instant::now();
-    let fetched = fetch(
-        client,
-        &worker.url,
-        path(source.kind),
-        cfg.timeout,
-        cfg.max_body_bytes,
-    )
-    .await;
+    let budget = body_budget(source.kind, cfg.max_body_bytes, worker.ranks.bound());
+    let fetched = fetch(client, &worker.url, path(source.kind), cfg.timeout, budget).await;
     let body = match fetched {
         Ok(b) => b,
         Err(f) => {
@@ -329,4 +355,41 @@ async fn poll_once(worker: &Worker, client: &HttpClient, cfg: &PollConfig, seq: 
         }
     }
     source.succeeded(started.elapsed());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(ranks: usize) -> String {
+        let rows: Vec<String> = (0..ranks)
+            .map(|r| format!(r#"{{"dp_rank":{r},"num_running_reqs":1,"num_waiting_reqs":0}}"#))
+            .collect();
+        format!(r#"{{"loads":[{}]}}"#, rows.join(","))
+    }
+
+    #[test]
+    fn a_loads_page_listing_more_than_twice_its_bound_is_refused_unparsed() {
+        let ok = read(LoadSourceKind::PollLoads, page(8).as_bytes(), 4).unwrap();
+        assert_eq!(
+            ok.len(),
+            8,
+            "twice the bound is still read (ranks past it are the book's)"
+        );
+        let (why, refusal) = read(LoadSourceKind::PollLoads, page(9).as_bytes(), 4).unwrap_err();
+        assert_eq!(refusal, Some(Refusal::RankOutOfRange));
+        assert!(why.contains("9 ranks listed"), "{why}");
+    }
+
+    #[test]
+    fn a_loads_page_is_budgeted_by_its_ranks_and_metrics_by_the_flag() {
+        let max = 8 << 20;
+        assert_eq!(body_budget(LoadSourceKind::PollLoads, max, 1024), 2 << 20);
+        assert_eq!(
+            body_budget(LoadSourceKind::PollLoads, max, 1),
+            PARSE_INLINE_BYTES
+        );
+        assert_eq!(body_budget(LoadSourceKind::PollLoads, 1000, 1024), 1000);
+        assert_eq!(body_budget(LoadSourceKind::ScrapeMetrics, max, 1), max);
+    }
 }
