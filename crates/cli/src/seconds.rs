@@ -1,4 +1,5 @@
-//! Flags given in seconds (`--duration`, `--drain-delay`, `--drain-timeout`), checked when they
+//! Flags given in seconds (`--duration`, `--drain-delay`, `--drain-timeout`, `wire listen
+//! --timeout`), checked when they
 //! are read: a value a `Duration` cannot hold (`inf`, `NaN`, `1e300`, a negative number) must fail
 //! at start naming the flag, not panic at shutdown when it is first turned into a `Duration`.
 
@@ -29,11 +30,21 @@ pub fn run_duration(s: &str) -> Result<f64, String> {
 
 /// [`run_duration`] for a value that is a number already (from a `--config` file).
 pub fn check_run_duration(secs: f64) -> Result<f64, String> {
+    up_to_forever("--duration", secs)
+}
+
+/// `wire listen --timeout`: seconds, 0 (never) to about 31 years.
+pub fn listen_timeout(s: &str) -> Result<f64, String> {
+    up_to_forever("--timeout", number("--timeout", s)?)
+}
+
+/// `secs` for a flag where 0 means "no end": 0 to [`MAX_RUN_SECONDS`].
+fn up_to_forever(flag: &str, secs: f64) -> Result<f64, String> {
     if (0.0..=MAX_RUN_SECONDS).contains(&secs) {
         Ok(secs)
     } else {
         Err(format!(
-            "--duration: expected seconds between 0 (until stopped) and {MAX_RUN_SECONDS}, got {secs:?}"
+            "{flag}: expected seconds between 0 (no end) and {MAX_RUN_SECONDS}, got {secs:?}"
         ))
     }
 }
@@ -61,6 +72,8 @@ mod tests {
             );
             assert!(drain_delay(bad).unwrap_err().starts_with("--drain-delay: "));
             assert!(run_duration(bad).unwrap_err().starts_with("--duration: "));
+            assert!(listen_timeout(bad).unwrap_err().starts_with("--timeout: "));
         }
+        assert_eq!(listen_timeout("0"), Ok(0.0));
     }
 }

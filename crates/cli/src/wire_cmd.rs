@@ -88,7 +88,7 @@ pub enum WireCommand {
         #[arg(long, default_value_t = 0)]
         count: u64,
         /// Stop after this many seconds (0: never).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_parser = crate::seconds::listen_timeout)]
         timeout: f64,
     },
 }
