@@ -5,7 +5,9 @@
 //! has cached from its KV events ([`cache`]), picks with a pure [`policy`] behind [`admission`]
 //! caps, and proxies OpenAI-compatible traffic with streaming pass-through ([`proxy`], [`models`]).
 //! Workers come from flags, a watched file or DNS ([`membership`]). Everything a peer sends is
-//! bounded by a [`budget`], and every refusal is counted there by reason.
+//! bounded by a [`budget`], and every refusal is counted there by reason: HTTP answers within
+//! [`peer_http`], large request bodies worked off the executor by [`request_work`], the executor
+//! itself watched by [`executor_probe`], the allocator's arenas capped by [`malloc`].
 //!
 //! The HTTP front is split by concern: [`config`] (what it is started with, one set of defaults for
 //! the CLI and embedders), [`state`] (what the handlers share), [`metrics`] (`/metrics`), [`admin`]
