@@ -50,7 +50,7 @@ impl RouterHandle {
     /// Begins a drain: from now on `/readiness` answers 503 (so a load balancer takes this
     /// router out of rotation) while every route, `/readiness` included, is still served.
     pub fn begin_drain(&self) {
-        self.state.stopping.store(true, Relaxed);
+        self.state.draining.store(true, Relaxed);
     }
 
     /// Shuts down the way an orchestrator expects: `/readiness` fails at once while requests are
@@ -72,6 +72,7 @@ impl RouterHandle {
     /// then leaves every worker. Returns `false` when open responses had to be cut.
     async fn stop_within(mut self, timeout: Duration) -> bool {
         self.begin_drain();
+        self.state.stopping.store(true, Relaxed);
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -192,7 +193,7 @@ async fn discover_one<'a>(
 /// `GET /readiness`: 200 while the router takes traffic and has a worker that may take it; 503
 /// once it drains (SIGTERM) or when no worker is available, so a load balancer stops sending.
 async fn readiness(axum::extract::State(st): axum::extract::State<Arc<AppState>>) -> Response {
-    if st.stopping.load(Relaxed) {
+    if st.draining.load(Relaxed) {
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "draining: shutting down");
     }
     let workers = st.fleet.workers();

@@ -30,6 +30,9 @@ pub struct AppState {
     pub executor: Arc<crate::executor_probe::ExecutorProbe>,
     /// Set at shutdown so endless streams (the dashboard feed) end and the drain can finish.
     pub stopping: AtomicBool,
+    /// Set when a drain begins (SIGTERM): `/readiness` answers 503 while everything else is
+    /// still served, the dashboard feed included, until the listener closes (`stopping`).
+    pub draining: AtomicBool,
     /// Counters of the watched file and DNS sources.
     pub membership: crate::membership::MembershipStats,
     /// The merged `/v1/models` answer, kept briefly ([`crate::models`]).
@@ -62,6 +65,7 @@ impl AppState {
             metrics: Metrics::default(),
             executor: Arc::default(),
             stopping: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             membership: Default::default(),
             models: Default::default(),
         })
