@@ -5,7 +5,6 @@
 //! a worker without a KV-event stream).
 
 use crate::book::Worker;
-use crate::discovery::DiscoveryLimits;
 use crate::fleet::{discover, validate_url};
 use crate::state::{AppState, error_response};
 use axum::body::Bytes;
@@ -158,7 +157,7 @@ pub async fn add_worker(
         Err(r) => return r,
     };
     // Bounded: attempts × `Budgets::discovery_timeout`, whatever the worker sends.
-    let d = discover(&st.client, &url, &DiscoveryLimits::of(&st)).await;
+    let d = discover(&st.client, &url, &st.discovery_limits()).await;
     let w = st.fleet.add(&url, d);
     (StatusCode::CREATED, axum::Json(worker_json(&st, &w))).into_response()
 }

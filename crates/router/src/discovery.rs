@@ -10,10 +10,8 @@
 //! worker's `no_load_reason`), never waited on for ever.
 
 use crate::budget::{Budgets, RefusalCounts};
-use crate::fleet::HttpClient;
-use crate::peer_http::{FetchBudget, PeerFetchError, bounded_get};
+use crate::peer_http::{FetchBudget, HttpClient, PeerFetchError, bounded_get};
 use crate::poll::Polled;
-use crate::state::AppState;
 use axum::body::Bytes;
 use loadlink_wire::descriptor::LoadEndpoint;
 use loadlink_wire::discovery::{KvStreams, NoLoad, kv_streams, load_endpoints, worker_url};
@@ -88,14 +86,6 @@ impl DiscoveryLimits {
                 max_ranks: budgets.max_ranks,
                 ..Default::default()
             },
-        }
-    }
-
-    /// The router's own limits: its configured attempts and budgets, refusals counted fleet-wide.
-    pub fn of(st: &AppState) -> Self {
-        DiscoveryLimits {
-            refusals: Some(st.fleet.refusals.clone()),
-            ..DiscoveryLimits::new(st.cfg.discovery_attempts, &st.cfg.budgets)
         }
     }
 }

@@ -32,10 +32,6 @@ use crate::poll::PollConfig;
 use crate::subscribe::{SocketBounds, configure_with};
 use crate::zctx::FleetContext;
 use arc_swap::ArcSwap;
-use axum::body::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::descriptor::LoadEndpoint;
 use loadlink_wire::discovery::KvStreams;
 use std::collections::HashMap;
@@ -47,18 +43,7 @@ pub use crate::discovery::{
     Discovery, FetchError, PROBE_TIMEOUT, discover, fetch_server_info, validate_url,
 };
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// Builds the pooled upstream client (TCP_NODELAY: no Nagle stall on small SSE events).
-pub fn http_client() -> HttpClient {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(Duration::from_secs(2)));
-    Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(conn)
-}
+pub use crate::peer_http::{HttpClient, http_client};
 
 /// How long `remove` waits for the ingest thread to confirm it closed the sockets. Only for the
 /// caller's bookkeeping: the slots are freed by that thread whenever it gets there.

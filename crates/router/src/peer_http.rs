@@ -9,11 +9,26 @@
 //! before any body is read). The two refusals map onto [`Refusal`] reasons so callers count them.
 
 use crate::budget::Refusal;
-use crate::fleet::HttpClient;
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use std::time::Duration;
+
+/// The router's pooled HTTP client to workers (proxying, discovery, fan-outs).
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Builds the pooled upstream client (TCP_NODELAY: no Nagle stall on small SSE events).
+pub fn http_client() -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(Duration::from_secs(2)));
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(conn)
+}
 
 /// What a bounded fetch may take: total time and body bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -156,7 +156,7 @@ async fn bind(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), Route
 /// ([`crate::fleet::Fleet::add`]): start-up and runtime adds follow one rule.
 async fn add_workers(state: &AppState, urls: &[String]) {
     use futures_util::StreamExt;
-    let limits = DiscoveryLimits::of(state);
+    let limits = state.discovery_limits();
     let concurrency = state.cfg.discovery_concurrency.max(1);
     let mut queued = urls.iter();
     let mut running = futures_util::stream::FuturesUnordered::new();

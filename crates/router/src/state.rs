@@ -3,8 +3,10 @@
 
 use crate::cache::{CacheBook, PrefixSettings, RouterTokenizer};
 use crate::config::RouterConfig;
-use crate::fleet::{Fleet, HttpClient};
+use crate::discovery::DiscoveryLimits;
+use crate::fleet::Fleet;
 use crate::metrics::Metrics;
+use crate::peer_http::HttpClient;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -69,6 +71,15 @@ impl AppState {
             membership: Default::default(),
             models: Default::default(),
         })
+    }
+
+    /// How this router discovers: its configured attempts and budgets, refusals counted
+    /// fleet-wide.
+    pub fn discovery_limits(&self) -> DiscoveryLimits {
+        DiscoveryLimits {
+            refusals: Some(self.fleet.refusals.clone()),
+            ..DiscoveryLimits::new(self.cfg.discovery_attempts, &self.cfg.budgets)
+        }
     }
 }
 

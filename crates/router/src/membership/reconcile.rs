@@ -2,7 +2,6 @@
 //! tasks (a stalled worker's discovery holds up nothing else), and removals of only what the
 //! source added.
 
-use crate::discovery::DiscoveryLimits;
 use crate::fleet::discover;
 use crate::state::AppState;
 use std::collections::{BTreeSet, HashSet};
@@ -110,7 +109,7 @@ async fn add(
     let Ok(_permit) = discoveries.acquire_owned().await else {
         return;
     };
-    let d = discover(&st.client, &url, &DiscoveryLimits::of(&st)).await;
+    let d = discover(&st.client, &url, &st.discovery_limits()).await;
     let mut o = owned.lock().unwrap_or_else(|p| p.into_inner());
     if !o.adding.remove(&url) || st.fleet.contains(&url) {
         return;

@@ -21,7 +21,7 @@ pub mod metrics;
 
 use crate::book::{LoadSourceKind, Worker};
 use crate::budget::{Budgets, Refusal};
-use crate::fleet::HttpClient;
+use crate::peer_http::HttpClient;
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
