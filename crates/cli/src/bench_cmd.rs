@@ -14,7 +14,6 @@ use loadlink_engine::PublishPoint;
 use loadlink_router::LoadSignal;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -36,60 +35,7 @@ pub enum BenchCommand {
     /// garbage and oversized frames) registered beside them. Passes with zero failed client
     /// requests (3 retries allowed), router RSS within idle + 64 MiB, and the router's executor
     /// probe never more than 50 ms late; exits 1 otherwise. Run it on a release build.
-    Soak(SoakArgs),
-}
-
-#[derive(Args)]
-pub struct SoakArgs {
-    /// Seconds of hostile workers under load.
-    #[arg(long, default_value_t = 60.0)]
-    duration: f64,
-    /// Healthy engines.
-    #[arg(long, default_value_t = 4)]
-    engines: usize,
-    /// Client requests a second through the router.
-    #[arg(long, default_value_t = 20.0)]
-    rate: f64,
-    /// Messages a second from the garbage publishers (all their sockets together).
-    #[arg(long, default_value_t = 5000)]
-    flood: u64,
-    /// Seconds between removing and registering the hostile workers again (0: never).
-    #[arg(long, default_value_t = 20.0)]
-    churn: f64,
-    /// Hostile workers to run, comma-separated: stall, dribble, huge, ranks-json, ranks-metrics,
-    /// garbage-pub (default: all).
-    #[arg(long, value_delimiter = ',')]
-    hostile: Vec<String>,
-}
-
-fn soak(a: SoakArgs) -> Result<()> {
-    let secs = |name: &str, v: f64| {
-        Duration::try_from_secs_f64(v)
-            .map_err(|_| anyhow::anyhow!("--{name}: expected seconds ≥ 0, got {v}"))
-    };
-    let s = loadlink_bench::soak::Soak {
-        exe: std::env::current_exe().context("locating the loadlink binary")?,
-        duration: secs("duration", a.duration)?,
-        engines: a.engines.max(1),
-        rate: a.rate,
-        flood_per_s: a.flood,
-        churn: secs("churn", a.churn)?,
-        hostile: if a.hostile.is_empty() {
-            loadlink_bench::soak::hostile::KINDS
-                .map(String::from)
-                .to_vec()
-        } else {
-            a.hostile
-        },
-    };
-    let r = crate::runtime()?
-        .block_on(loadlink_bench::soak::run(&s))
-        .map_err(anyhow::Error::msg)?;
-    print!("{}", r.text(&s));
-    if !r.passed() {
-        std::process::exit(1);
-    }
-    Ok(())
+    Soak(crate::soak_cmd::SoakArgs),
 }
 
 #[derive(Args)]
@@ -261,7 +207,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
         BenchCommand::Plot(p) => return replot(&p.file),
         BenchCommand::Trace(t) => return trace(&t),
         BenchCommand::Fleet(f) => return fleet(f),
-        BenchCommand::Soak(s) => return soak(s),
+        BenchCommand::Soak(s) => return crate::soak_cmd::run(s),
     };
     let (mut s, load) = a.common.scenario()?;
     if let Some(d) = a.duration {

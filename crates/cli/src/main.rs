@@ -11,6 +11,7 @@ mod route_budget_args;
 mod route_cmd;
 mod route_policy_args;
 mod seconds;
+mod soak_cmd;
 mod watch_cmd;
 mod wire_cmd;
 

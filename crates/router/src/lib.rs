@@ -25,6 +25,7 @@ pub mod discovery;
 pub mod executor_probe;
 pub mod fdlimit;
 pub mod fleet;
+pub mod fleet_view;
 pub mod ingest;
 pub mod malloc;
 pub mod membership;

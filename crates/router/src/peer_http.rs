@@ -21,12 +21,18 @@ pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Builds the pooled upstream client (TCP_NODELAY: no Nagle stall on small SSE events).
 pub fn http_client() -> HttpClient {
+    pooled_client(1024)
+}
+
+/// A client to workers keeping up to `idle_per_host` idle connections per worker (TCP_NODELAY,
+/// 2 s connect timeout, idle connections closed after 90 s).
+pub fn pooled_client(idle_per_host: usize) -> HttpClient {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(Duration::from_secs(2)));
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
+        .pool_max_idle_per_host(idle_per_host)
         .build(conn)
 }
 

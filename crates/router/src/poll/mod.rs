@@ -24,8 +24,6 @@ use crate::budget::{Budgets, Refusal};
 use crate::peer_http::HttpClient;
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::polled::{PolledError, loads_from_json, loads_from_metrics_within};
 use std::sync::Arc;
@@ -77,13 +75,7 @@ pub const PARSE_INLINE_BYTES: usize = 64 << 10;
 
 /// The pollers' client: one kept-alive connection per worker.
 pub fn poll_client() -> HttpClient {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(Duration::from_secs(2)));
-    Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1)
-        .build(conn)
+    crate::peer_http::pooled_client(1)
 }
 
 /// A polled source found at discovery: what to fetch, and how many ranks its page reported then
