@@ -669,4 +669,6 @@ impl Drop for InflightGuard {
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
+mod rank_tests;
+#[cfg(test)]
 mod tests;
