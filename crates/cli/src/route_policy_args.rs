@@ -6,12 +6,17 @@ use clap::Args;
 use loadlink_router::RouterConfig;
 use loadlink_router::admission::{AdmissionConfig, Overload};
 use loadlink_router::cache::PrefixSource;
+use loadlink_router::candidate::RankField;
 use loadlink_router::config::{DEFAULT_ADMISSION_QUEUE_SIZE, DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS};
 use loadlink_router::policy::{CacheAware, Policy};
 use serde::{Deserialize, Serialize};
 
 fn prefix_source_name(s: &str) -> Result<String, String> {
     PrefixSource::parse(s).map(|_| s.to_string())
+}
+
+fn rank_field_name(s: &str) -> Result<String, String> {
+    RankField::parse(s).map(|_| s.to_string())
 }
 
 #[derive(Args, Serialize, Deserialize)]
@@ -33,6 +38,17 @@ pub struct CacheArgs {
         value_parser = prefix_source_name
     )]
     prefix_source: String,
+    /// How the DP rank the router picks reaches the engine: header (X-Data-Parallel-Rank, the
+    /// OpenAI routes), body (routed_dp_rank: /generate, /v1/completions, /v1/chat/completions),
+    /// both (each where the route takes it), or none (route workers whole and let the engine's
+    /// dispatcher pick the rank). A worker is split into its ranks only when each rank publishes
+    /// its own load stream; /workers shows which are (rank_routing). See docs/router.md.
+    #[arg(
+        long,
+        default_value_t = RouterConfig::default().dp_rank_field.as_str().to_string(),
+        value_parser = rank_field_name
+    )]
+    dp_rank_field: String,
     /// cache_aware: the match ratio (cached / prompt tokens) above which the best-matching
     /// worker wins (sglang-router's default 0.3).
     #[arg(long, default_value_t = CacheAware::default().cache_threshold)]
@@ -78,6 +94,7 @@ impl CacheArgs {
         anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
         cfg.page_size = self.page_size;
         cfg.prefix_source = PrefixSource::parse(&self.prefix_source).map_err(anyhow::Error::msg)?;
+        cfg.dp_rank_field = RankField::parse(&self.dp_rank_field).map_err(anyhow::Error::msg)?;
         if let Policy::CacheAware(_) = cfg.policy {
             cfg.policy = Policy::CacheAware(
                 CacheAware::new(

@@ -9,6 +9,7 @@ use loadlink_publish::free_port_block;
 use loadlink_publish::kv_publisher::{KvEventPublisher, KvPublisherConfig};
 use loadlink_router::Worker;
 use loadlink_router::cache::CacheBook;
+use loadlink_router::candidate::Candidates;
 use loadlink_router::fleet::{Discovery, Fleet};
 use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, page_hashes};
 use std::sync::Arc;
@@ -52,7 +53,12 @@ fn request_path(c: &mut Criterion) {
     let mut out = Vec::with_capacity(WORKERS);
     c.bench_function("cache_book_cached_tokens_8k_prompt_64_workers", |b| {
         b.iter(|| {
-            book.cached_tokens(&workers, black_box(&prompt), 16, &mut out);
+            book.cached_tokens(
+                Candidates::whole(&workers),
+                black_box(&prompt),
+                16,
+                &mut out,
+            );
             out[WORKERS - 1]
         })
     });

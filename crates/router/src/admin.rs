@@ -4,7 +4,8 @@
 //! Each worker shows its KV-index figures under `kv_events` (null, with `no_kv_events_reason`, for
 //! a worker without a KV-event stream).
 
-use crate::book::Worker;
+use crate::book::{RankState, Worker};
+use crate::candidate::{RankField, RankTargets};
 use crate::fleet::{discover, validate_url};
 use crate::state::{AppState, error_response};
 use axum::body::Bytes;
@@ -42,11 +43,50 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "no_kv_events_reason": no_kv_events_reason,
         "refusals": refusals_json(w),
         "last_refusal": w.refusals.last(),
-        "ranks": w.ranks.iter().map(|r| json!({
-            "rank": r.rank, "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
-            "token_usage": f64::from_bits(r.token_usage_bits.load(Relaxed)),
-            "seq": r.last_seq.load(Relaxed), "gaps": r.gaps.load(Relaxed), "restarts": r.restarts.load(Relaxed),
-        })).collect::<Vec<_>>(),
+        "rank_routing": rank_routing_json(st, w),
+        "ranks": w.ranks.iter().map(|r| rank_json(st, w, r)).collect::<Vec<_>>(),
+    })
+}
+
+/// Whether `w` is routed per rank, or whole and why.
+fn rank_routing_json(st: &AppState, w: &Worker) -> Value {
+    let targets = w.rank_targets();
+    match (st.cfg.dp_rank_field, targets) {
+        (RankField::None, RankTargets::PerRank) => {
+            json!({ "mode": "worker", "reason": "--dp-rank-field none" })
+        }
+        (_, RankTargets::Whole(why)) => json!({ "mode": "worker", "reason": why }),
+        (field, RankTargets::PerRank) => {
+            json!({ "mode": "per-rank", "field": field.as_str(), "reason": Value::Null })
+        }
+    }
+}
+
+/// One rank in `/workers`: what it reported, its own load as a rank candidate, and what this
+/// router routed to it by name (requests, prompt tokens, the share believed cached there).
+fn rank_json(st: &AppState, w: &Worker, r: &RankState) -> Value {
+    let l = w.rank_load_at(
+        r.rank as u32,
+        st.cfg.load_signal,
+        st.cfg.freshness_ms,
+        w.now_ms(),
+    );
+    let routed = r.routed();
+    let (prompt, cached) = (
+        routed.prompt_tokens.load(Relaxed),
+        routed.cached_tokens.load(Relaxed),
+    );
+    json!({
+        "rank": r.rank, "running": r.running.load(Relaxed), "waiting": r.waiting.load(Relaxed),
+        "backlog_tokens": r.backlog.load(Relaxed),
+        "token_usage": f64::from_bits(r.token_usage_bits.load(Relaxed)),
+        "load": l.requests, "score": l.score, "source": l.source.as_str(),
+        "age_ms": if l.age_ms == u64::MAX { Value::Null } else { json!(l.age_ms) },
+        "inflight": routed.inflight(),
+        "routed_requests": routed.requests_total.load(Relaxed),
+        "routed_prompt_tokens": prompt, "routed_cached_tokens": cached,
+        "hit_rate": if prompt == 0 { Value::Null } else { json!(cached as f64 / prompt as f64) },
+        "seq": r.last_seq.load(Relaxed), "gaps": r.gaps.load(Relaxed), "restarts": r.restarts.load(Relaxed),
     })
 }
 

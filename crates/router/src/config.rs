@@ -46,6 +46,9 @@ pub struct RouterConfig {
     pub page_size: usize,
     /// Which cache view prices workers (`--prefix-source`).
     pub prefix_source: PrefixSource,
+    /// How a chosen DP rank travels to the engine (`--dp-rank-field`); `none` routes workers
+    /// whole ([`crate::candidate`]).
+    pub dp_rank_field: crate::candidate::RankField,
     /// Admission caps and the overload answer.
     pub admission: AdmissionConfig,
     pub admin_token: Option<String>,
@@ -110,6 +113,7 @@ impl Default for RouterConfig {
             tokenizer: None,
             page_size: 16,
             prefix_source: PrefixSource::Auto,
+            dp_rank_field: crate::candidate::RankField::Both,
             admission: AdmissionConfig::default(),
             admin_token: None,
             load_poll_interval_ms: crate::poll::DEFAULT_POLL_INTERVAL_MS,

@@ -24,6 +24,7 @@
 use crate::book::Worker;
 use crate::budget::{Budgets, Refusal};
 use crate::cache::CacheBook;
+use crate::candidate::CandidateList;
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, Release, SubscriptionId};
@@ -70,9 +71,35 @@ struct Holding {
     soft: u64,
 }
 
+/// The worker list and its candidate list, swapped in together so a request never sees one
+/// without the other ([`crate::candidate`]).
+#[derive(Debug, Default)]
+pub struct Roster {
+    pub workers: Arc<Vec<Arc<Worker>>>,
+    pub candidates: CandidateList,
+}
+
+impl Roster {
+    /// A request's candidates: every rank of the per-rank workers when `ranked`, else one per
+    /// worker.
+    pub fn targets(&self, ranked: bool) -> crate::candidate::Candidates<'_> {
+        let list: &[crate::candidate::Candidate] =
+            if ranked { &self.candidates.ranked } else { &[] };
+        crate::candidate::Candidates::listed(&self.workers, list)
+    }
+
+    fn of(workers: Vec<Arc<Worker>>) -> Self {
+        let candidates = CandidateList::of(&workers);
+        Roster {
+            workers: Arc::new(workers),
+            candidates,
+        }
+    }
+}
+
 /// The live worker set.
 pub struct Fleet {
-    workers: ArcSwap<Vec<Arc<Worker>>>,
+    roster: ArcSwap<Roster>,
     subs: Mutex<HashMap<String, Held>>,
     /// Serialises the commit of adds and removes (see the module docs).
     changes: Mutex<()>,
@@ -108,7 +135,7 @@ impl Fleet {
         Fleet {
             cache,
             refusals: Arc::default(),
-            workers: ArcSwap::from_pointee(Vec::new()),
+            roster: ArcSwap::from_pointee(Roster::default()),
             subs: Mutex::default(),
             changes: Mutex::default(),
             holding: Mutex::default(),
@@ -188,11 +215,26 @@ impl Fleet {
 
     /// The current workers (a cheap snapshot of the list).
     pub fn workers(&self) -> Arc<Vec<Arc<Worker>>> {
-        self.workers.load_full()
+        self.roster.load().workers.clone()
+    }
+
+    /// The current workers with their candidate list.
+    pub fn roster(&self) -> Arc<Roster> {
+        self.roster.load_full()
     }
 
     pub fn contains(&self, url: &str) -> bool {
-        self.workers.load().iter().any(|w| w.url == url)
+        self.roster.load().workers.iter().any(|w| w.url == url)
+    }
+
+    /// The worker at `url`.
+    fn find(&self, url: &str) -> Option<Arc<Worker>> {
+        self.roster
+            .load()
+            .workers
+            .iter()
+            .find(|w| w.url == url)
+            .cloned()
     }
 
     /// One connected SUB per endpoint, or why not (the worker then shows that reason).
@@ -334,14 +376,15 @@ impl Fleet {
         };
         let (old_worker, old) = {
             let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-            let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
+            let old_worker = self.find(url);
             let old = self.subs().insert(url.to_string(), Held { sub, ..held });
             let polled = worker.load_source.kind.polled();
             self.set_poller(url, polled.then_some(&worker));
-            self.workers.rcu(|ws| {
-                let mut v: Vec<Arc<Worker>> = ws.iter().filter(|w| w.url != url).cloned().collect();
+            self.roster.rcu(|r| {
+                let mut v: Vec<Arc<Worker>> =
+                    r.workers.iter().filter(|w| w.url != url).cloned().collect();
                 v.push(worker.clone());
-                v
+                Roster::of(v)
             });
             (old_worker, old)
         };
@@ -434,13 +477,9 @@ impl Fleet {
     pub fn remove(&self, url: &str) -> bool {
         let (old_worker, held) = {
             let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-            let old_worker = self.workers.load().iter().find(|w| w.url == url).cloned();
-            self.workers.rcu(|ws| {
-                ws.iter()
-                    .filter(|w| w.url != url)
-                    .cloned()
-                    .collect::<Vec<_>>()
-            });
+            let old_worker = self.find(url);
+            self.roster
+                .rcu(|r| Roster::of(r.workers.iter().filter(|w| w.url != url).cloned().collect()));
             let held = self.subs().remove(url);
             self.set_poller(url, None);
             self.cache.forget(url);

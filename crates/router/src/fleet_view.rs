@@ -1,37 +1,45 @@
-//! The fleet as a policy sees it for one request: every worker's load on the configured signal,
-//! its pricing inputs, and the request's cached prefix per worker ([`crate::policy::View`]).
-//! Built per request from the fleet's worker list; kept apart from [`crate::fleet`], which owns
-//! membership and subscriptions, because policies and admission read this and nothing else.
+//! The fleet as a policy sees it for one request: every candidate's load on the configured
+//! signal, its pricing inputs, and the request's cached prefix on each ([`crate::policy::View`]).
+//! A candidate is a worker or one DP rank of it ([`crate::candidate`]); index `i` of the view is
+//! candidate `i`. Built per request from the fleet's lists; kept apart from [`crate::fleet`], which
+//! owns membership and subscriptions, because policies and admission read this and nothing else.
 
-/// The policy's view of a worker list.
-use crate::book::{LoadSignal, Worker};
+use crate::book::{LoadSignal, Pricing, Worker};
+use crate::candidate::{Candidate, Candidates};
 use crate::policy::View;
 use std::sync::Arc;
 
+/// The policy's view of a request's candidates.
 pub struct FleetView<'a> {
-    pub workers: &'a [Arc<Worker>],
+    /// The candidates, over the worker list.
+    pub targets: Candidates<'a>,
     pub signal: LoadSignal,
     pub freshness_ms: u64,
-    /// Bitmask of workers already tried for this request (first 64).
+    /// Bitmask of workers (by index in the worker list, first 64) already tried for this request:
+    /// a failed attempt excludes every rank of its worker.
     pub tried: u64,
+    /// A rank the client named itself: only candidates of that rank (and whole workers) qualify.
+    pub pinned_rank: Option<u32>,
     /// The request's `now` ([`Worker::now_ms`]), read once per pick.
     pub now_ms: u64,
     /// The request's prompt tokens (0: unknown).
     pub prompt_tokens: u64,
-    /// Per worker (same order as `workers`), the request's tokens cached there; empty: unknown.
+    /// Per candidate (same order), the request's tokens cached there; empty: unknown.
     pub cached: &'a [u64],
-    /// Per worker, the tokens the router believes cached there in all; empty: unknown.
+    /// Per candidate, the tokens the router believes cached there in all; empty: unknown.
     pub cache_sizes: &'a [u64],
 }
 
 impl<'a> FleetView<'a> {
+    /// One candidate per worker of `workers`.
     pub fn new(workers: &'a [Arc<Worker>], signal: LoadSignal, freshness_ms: u64) -> Self {
         let now_ms = workers.first().map_or(0, |w| w.now_ms());
         FleetView {
-            workers,
+            targets: Candidates::whole(workers),
             signal,
             freshness_ms,
             tried: 0,
+            pinned_rank: None,
             now_ms,
             prompt_tokens: 0,
             cached: &[],
@@ -39,7 +47,40 @@ impl<'a> FleetView<'a> {
         }
     }
 
-    /// The view for a request of `prompt_tokens` whose cached prefix on worker i is `cached[i]`.
+    /// The same view over the candidates `list` (an empty list: one per worker).
+    pub fn with_candidates(mut self, list: &'a [Candidate]) -> Self {
+        self.targets = Candidates::listed(self.targets.workers(), list);
+        self
+    }
+
+    /// The worker list the candidates index.
+    pub fn workers(&self) -> &'a [Arc<Worker>] {
+        self.targets.workers()
+    }
+
+    /// Candidate `i`'s worker.
+    #[inline]
+    pub fn worker(&self, i: usize) -> &'a Arc<Worker> {
+        self.targets.worker(i)
+    }
+
+    /// Candidate `i`'s load on the configured signal (its rank's alone when it is a rank).
+    #[inline]
+    pub fn load_of(&self, i: usize) -> crate::book::Load {
+        self.load_on(i, self.signal)
+    }
+
+    #[inline]
+    fn load_on(&self, i: usize, signal: LoadSignal) -> crate::book::Load {
+        let c = self.targets.get(i);
+        let w = &self.targets.workers()[c.worker as usize];
+        match c.rank {
+            Some(r) => w.rank_load_at(r, signal, self.freshness_ms, self.now_ms),
+            None => w.load_at(signal, self.freshness_ms, self.now_ms),
+        }
+    }
+
+    /// The view for a request of `prompt_tokens` whose cached prefix on candidate i is `cached[i]`.
     pub fn with_prefix(mut self, prompt_tokens: u64, cached: &'a [u64]) -> Self {
         self.prompt_tokens = prompt_tokens;
         self.cached = cached;
@@ -52,33 +93,44 @@ impl<'a> FleetView<'a> {
         self
     }
 
-    /// Worker `i`'s pricing inputs at this view's `now`.
+    /// Candidate `i`'s pricing inputs at this view's `now`.
     #[inline]
-    fn pricing(&self, i: usize) -> crate::book::Pricing {
-        self.workers[i].pricing_at(self.signal, self.freshness_ms, self.now_ms)
+    fn pricing(&self, i: usize) -> Pricing {
+        let c = self.targets.get(i);
+        let w = &self.targets.workers()[c.worker as usize];
+        match c.rank {
+            Some(r) => w.rank_pricing_at(r, self.signal, self.freshness_ms, self.now_ms),
+            None => w.pricing_at(self.signal, self.freshness_ms, self.now_ms),
+        }
     }
 
-    /// Leaves worker `i` out of the next picks of this request (it was tried and failed).
+    /// Leaves candidate `i`'s worker (every rank of it) out of the next picks of this request (it
+    /// was tried and failed).
     pub fn exclude(&mut self, i: usize) {
-        if i < 64 {
-            self.tried |= 1 << i;
+        let w = self.targets.get(i).worker;
+        if w < 64 {
+            self.tried |= 1 << w;
         }
     }
 }
 
 impl View for FleetView<'_> {
     fn len(&self) -> usize {
-        self.workers.len()
+        self.targets.len()
     }
     #[inline]
     fn load(&self, i: usize) -> i64 {
-        self.workers[i]
-            .load_at(self.signal, self.freshness_ms, self.now_ms)
-            .score
+        self.load_of(i).score
     }
     #[inline]
     fn available(&self, i: usize) -> bool {
-        (i >= 64 || self.tried & (1 << i) == 0) && self.workers[i].available_at(self.now_ms)
+        let c = self.targets.get(i);
+        let w = c.worker;
+        (w >= 64 || self.tried & (1 << w) == 0)
+            && self
+                .pinned_rank
+                .is_none_or(|p| c.rank.is_none_or(|r| r == p))
+            && self.targets.workers()[w as usize].available_at(self.now_ms)
     }
     fn prompt_tokens(&self) -> u64 {
         self.prompt_tokens
@@ -97,7 +149,7 @@ impl View for FleetView<'_> {
     }
     #[inline]
     fn engine_requests(&self, i: usize) -> Option<i64> {
-        let l = self.workers[i].load_at(LoadSignal::Engine, self.freshness_ms, self.now_ms);
+        let l = self.load_on(i, LoadSignal::Engine);
         (self.signal != LoadSignal::Inflight && l.source == crate::book::Source::Engine)
             .then_some(l.requests)
     }
@@ -109,6 +161,6 @@ impl View for FleetView<'_> {
         self.pricing(i).kv_usage
     }
     fn inflight(&self, i: usize) -> i64 {
-        self.workers[i].inflight()
+        self.pricing(i).inflight
     }
 }

@@ -212,24 +212,68 @@ const WORKER_FAMILIES: [(&str, MetricType, &str, WorkerReading); 9] = [
     ),
 ];
 
-/// A rank's load-stream counters: the `{worker, rank}` families.
+/// A rank's figures: the `{worker, rank}` families (bounded by each worker's rank budget).
 type RankReading = fn(&crate::book::RankState) -> u64;
 
-const RANK_FAMILIES: [(&str, &str, RankReading); 3] = [
+const RANK_FAMILIES: [(&str, MetricType, &str, RankReading); 9] = [
     (
         "loadlink_rank_messages_total",
+        MetricType::Counter,
         "Load messages received per rank",
         |r| r.messages.load(Relaxed),
     ),
     (
         "loadlink_rank_seq_gaps_total",
+        MetricType::Counter,
         "Sequence numbers skipped (PUB drops)",
         |r| r.gaps.load(Relaxed),
     ),
     (
         "loadlink_rank_restarts_total",
+        MetricType::Counter,
         "Publisher restarts detected (seq went back)",
         |r| r.restarts.load(Relaxed),
+    ),
+    (
+        "loadlink_rank_engine_requests",
+        MetricType::Gauge,
+        "Running + waiting requests the rank last reported",
+        |r| {
+            r.running
+                .load(Relaxed)
+                .saturating_add(r.waiting.load(Relaxed))
+                .max(0) as u64
+        },
+    ),
+    (
+        "loadlink_rank_backlog_tokens",
+        MetricType::Gauge,
+        "Prompt tokens waiting for prefill the rank last reported",
+        |r| r.backlog.load(Relaxed).max(0) as u64,
+    ),
+    (
+        "loadlink_rank_inflight",
+        MetricType::Gauge,
+        "This router's open requests routed to the rank by name",
+        |r| r.routed().inflight().max(0) as u64,
+    ),
+    (
+        "loadlink_rank_routed_requests_total",
+        MetricType::Counter,
+        "Requests this router routed to the rank by name (X-Data-Parallel-Rank / routed_dp_rank)",
+        |r| r.routed().requests_total.load(Relaxed),
+    ),
+    (
+        "loadlink_rank_routed_prompt_tokens_total",
+        MetricType::Counter,
+        "Prompt tokens of requests routed to the rank after a cache lookup",
+        |r| r.routed().prompt_tokens.load(Relaxed),
+    ),
+    (
+        "loadlink_rank_routed_cached_tokens_total",
+        MetricType::Counter,
+        "Of those, tokens the router believed cached on the rank (ratio: its routed hit rate)",
+        |r| r.routed().cached_tokens.load(Relaxed),
     ),
 ];
 
@@ -253,8 +297,8 @@ fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
             f.sample(&WorkerLabels { worker: &w.url }, read(w, l));
         }
     }
-    for (name, help, read) in RANK_FAMILIES {
-        let mut f = e.family(name, MetricType::Counter, help);
+    for (name, ty, help, read) in RANK_FAMILIES {
+        let mut f = e.family(name, ty, help);
         for (w, _) in loads {
             for r in w.ranks.iter() {
                 f.sample(

@@ -7,11 +7,13 @@
 //! Upstream sockets use TCP_NODELAY and responses are passed through frame by frame (no buffering).
 
 use crate::admission;
-use crate::book::{InflightGuard, Source, Worker};
+use crate::book::{InflightGuard, Source};
 use crate::budget::Refusal as BudgetRefusal;
 use crate::cache::Lookup;
-use crate::fleet::FleetView;
+use crate::candidate::{RANK_HEADER, RankField};
+use crate::fleet::{FleetView, Roster};
 use crate::policy::mix;
+use crate::rank_route::{ClientRank, with_rank_field};
 use crate::request_work::WorkError;
 use crate::state::{AppState, error_response};
 use axum::body::{Body, Bytes};
@@ -143,23 +145,47 @@ async fn read_body(st: &AppState, parts: &Parts, body: Body) -> Result<Bytes, Re
 struct Outgoing {
     method: Method,
     path_and_query: String,
+    /// The route (the path without its query): decides where a routed rank goes.
+    path_len: usize,
     headers: HeaderMap,
     body: Bytes,
+    /// How a routed rank travels (`--dp-rank-field`).
+    rank_field: RankField,
+    /// The client named the rank itself: the router adds none.
+    client_named_rank: bool,
 }
 
 impl Outgoing {
-    fn new(method: Method, uri: &Uri, headers: HeaderMap, body: Bytes) -> Self {
+    fn new(
+        method: Method,
+        uri: &Uri,
+        headers: HeaderMap,
+        body: Bytes,
+        rank_field: RankField,
+    ) -> Self {
         let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
         Outgoing {
             method,
+            path_len: uri.path().len(),
             path_and_query,
             headers,
             body,
+            rank_field,
+            client_named_rank: false,
         }
     }
 
-    /// The upstream request to `worker_url`, with the forwarded headers only.
-    fn to(&self, worker_url: &str) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
+    fn path(&self) -> &str {
+        &self.path_and_query[..self.path_len]
+    }
+
+    /// The upstream request to `worker_url`, with the forwarded headers only, and `rank` (the DP
+    /// rank the router chose, if it chose one) in the header and/or body field the route takes.
+    fn to(
+        &self,
+        worker_url: &str,
+        rank: Option<u32>,
+    ) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
         let mut req = hyper::Request::builder()
             .method(self.method.clone())
             .uri(format!("{worker_url}{}", self.path_and_query));
@@ -168,7 +194,22 @@ impl Outgoing {
                 req = req.header(h, v);
             }
         }
-        req.body(Full::new(self.body.clone()))
+        // A client's own rank header travels as it came (the router then did not choose one).
+        if let Some(v) = self.headers.get(RANK_HEADER) {
+            req = req.header(RANK_HEADER, v);
+        }
+        let Some(rank) = rank.filter(|_| !self.client_named_rank) else {
+            return req.body(Full::new(self.body.clone()));
+        };
+        let path = self.path();
+        if self.rank_field.header_on(path) {
+            req = req.header(RANK_HEADER, rank);
+        }
+        let body = match self.rank_field.body_on(path) {
+            true => with_rank_field(&self.body, rank).unwrap_or_else(|| self.body.clone()),
+            false => self.body.clone(),
+        };
+        req.body(Full::new(body))
     }
 }
 
@@ -189,7 +230,8 @@ pub async fn forward(
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let workers = st.fleet.workers();
+    let roster = st.fleet.roster();
+    let workers = &roster.workers;
     if workers.is_empty() {
         return error_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -204,13 +246,23 @@ pub async fn forward(
         Ok(b) => b,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
     };
-    let out = Outgoing::new(method, &uri, headers, body);
     let cfg = &st.cfg;
-    let lookup = match cache_lookup(&st, uri.path(), &out.body, &workers).await {
+    let client_rank = match ClientRank::of(&headers, &body) {
+        Ok(r) => r,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
+    };
+    let mut out = Outgoing::new(method, &uri, headers, body, cfg.dp_rank_field);
+    out.client_named_rank = client_rank.rank().is_some();
+    // Ranks are candidates when the chosen one can reach the engine on this route, and the
+    // client did not name one itself (then only that rank's candidates qualify).
+    let ranked = roster.candidates.any_ranked && cfg.dp_rank_field.travels(uri.path());
+    let lookup = match cache_lookup(&st, uri.path(), &out.body, &roster, ranked).await {
         Ok(l) => l,
         Err(refused) => return refused,
     };
-    let mut view = FleetView::new(&workers, cfg.load_signal, cfg.freshness_ms);
+    let mut view = FleetView::new(workers, cfg.load_signal, cfg.freshness_ms);
+    view.targets = roster.targets(ranked);
+    view.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
         view = view
             .with_prefix(l.prompt.prompt_tokens, &l.cached)
@@ -234,10 +286,11 @@ pub async fn forward(
         let Some(Dispatch { seq, idx, guard }) = next.take() else {
             break;
         };
-        let worker = &workers[idx];
+        let worker = view.worker(idx);
+        let rank = view.targets.rank(idx);
         if let Some(l) = &lookup {
-            st.cache.record_dispatch(l, &workers, idx, view.now_ms);
-            worker.count_prefix(l.prompt.prompt_tokens, l.cached[idx]);
+            st.cache.record_dispatch(l, view.targets, idx, view.now_ms);
+            worker.count_prefix_on(rank, l.prompt.prompt_tokens, l.cached[idx]);
         }
         match try_worker(&st, guard, &out, started).await {
             Attempt::Answered(resp) => return resp,
@@ -255,31 +308,38 @@ pub async fn forward(
     all_failed(&st, &last_error)
 }
 
-/// This request's cached prefix on every worker, when the policy prices caches. The parse,
+/// This request's cached prefix on every candidate, when the policy prices caches. The parse,
 /// tokenization and hashing of a large body run on the request-work pool, off the executor
 /// ([`crate::request_work`]); a full pool is answered 503 at once.
 async fn cache_lookup(
     st: &Arc<AppState>,
     path: &str,
     body: &Bytes,
-    workers: &Arc<Vec<Arc<Worker>>>,
+    roster: &Arc<Roster>,
+    ranked: bool,
 ) -> Result<Option<Lookup>, Response> {
     if !st.cfg.policy.uses_cache() {
         return Ok(None);
     }
-    let Some(now) = workers.first().map(|w| w.now_ms()) else {
+    let Some(now) = roster.workers.first().map(|w| w.now_ms()) else {
         return Ok(None);
     };
     let work = &st.admission.work;
     if work.inline(body.len()) {
-        return Ok(st.cache.lookup(&st.prefix, path, body, workers, now));
-    }
-    let (job_st, path, body, job_workers) =
-        (st.clone(), path.to_string(), body.clone(), workers.clone());
-    work.run(move || {
-        job_st
+        return Ok(st
             .cache
-            .lookup(&job_st.prefix, &path, &body, &job_workers, now)
+            .lookup(&st.prefix, path, body, roster.targets(ranked), now));
+    }
+    let (job_st, path, body, job_roster) =
+        (st.clone(), path.to_string(), body.clone(), roster.clone());
+    work.run(move || {
+        job_st.cache.lookup(
+            &job_st.prefix,
+            &path,
+            &body,
+            job_roster.targets(ranked),
+            now,
+        )
     })
     .await
     .map_err(|e| work_refused(st, &e))
@@ -297,8 +357,8 @@ fn work_refused(st: &AppState, e: &WorkError) -> Response {
     r
 }
 
-/// A dispatch: the worker picked for one attempt, with its in-flight guard (the dispatch is
-/// counted from the moment this exists).
+/// A dispatch: the candidate picked for one attempt, with its in-flight guard (the dispatch is
+/// counted from the moment this exists, on the worker and on the rank it names).
 struct Dispatch {
     seq: u64,
     idx: usize,
@@ -313,14 +373,12 @@ fn dispatch(
     attempt: u32,
 ) -> Option<Dispatch> {
     let (seq, idx) = pick(st, view, attempt)?;
-    let worker = view.workers[idx].clone();
-    let guard = match lookup {
-        Some(l) => {
-            let uncached = l.prompt.prompt_tokens.saturating_sub(l.cached[idx]);
-            InflightGuard::with_tokens(worker, uncached)
-        }
-        None => InflightGuard::new(worker),
+    let worker = view.worker(idx).clone();
+    let uncached = match lookup {
+        Some(l) => l.prompt.prompt_tokens.saturating_sub(l.cached[idx]),
+        None => crate::book::DISPATCH_TOKENS_GUESS as u64,
     };
+    let guard = InflightGuard::to_target(worker, view.targets.rank(idx), uncached);
     Some(Dispatch { seq, idx, guard })
 }
 
@@ -335,7 +393,7 @@ fn pick(st: &AppState, view: &FleetView<'_>, attempt: u32) -> Option<(u64, usize
         st.metrics.retries.fetch_add(1, Relaxed);
     }
     // Same `now` as the pick: no second clock read on the request path.
-    let priced = view.workers[idx].load_at(cfg.load_signal, cfg.freshness_ms, view.now_ms);
+    let priced = view.load_of(idx);
     if priced.source == Source::Fallback {
         st.metrics.fallback_decisions.fetch_add(1, Relaxed);
     }
@@ -351,7 +409,7 @@ async fn try_worker(
     started: Instant,
 ) -> Attempt {
     let worker = guard.worker().clone();
-    let req = match out.to(&worker.url) {
+    let req = match out.to(&worker.url, guard.rank()) {
         Ok(r) => r,
         Err(e) => {
             return Attempt::Answered(error_response(
@@ -386,6 +444,7 @@ fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGua
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let worker_url = HeaderValue::from_str(&guard.worker().url).ok();
+    let rank = guard.rank();
     let mut out = Response::new(Body::new(GuardedBody {
         inner: incoming,
         guard: Some(guard),
@@ -400,6 +459,10 @@ fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGua
     }
     if let Some(v) = worker_url {
         out.headers_mut().insert("x-loadlink-worker", v);
+    }
+    if let Some(r) = rank {
+        out.headers_mut()
+            .insert("x-loadlink-dp-rank", HeaderValue::from(r));
     }
     out
 }

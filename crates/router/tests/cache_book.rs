@@ -5,6 +5,7 @@
 use loadlink_router::Worker;
 use loadlink_router::budget::Refusal;
 use loadlink_router::cache::{CacheBook, PrefixSettings};
+use loadlink_router::candidate::Candidates;
 use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
 use serde_json::json;
 use std::sync::Arc;
@@ -88,13 +89,25 @@ fn a_rank_over_its_quota_is_priced_from_the_tree_and_never_refilled() {
     // Priced from the approximate tree: what it was sent counts; `fine` stays on the index only.
     let text = "y".repeat(160); // 40 tokens: 9 full pages of 4 can match
     let l = book
-        .lookup(&settings(), "/v1/completions", &completion(&text), &ws, 1)
+        .lookup(
+            &settings(),
+            "/v1/completions",
+            &completion(&text),
+            Candidates::whole(&ws),
+            1,
+        )
         .unwrap();
     assert_eq!(l.cached, [0, 0]);
-    book.record_dispatch(&l, &ws, 0, 1);
-    book.record_dispatch(&l, &ws, 1, 1);
+    book.record_dispatch(&l, Candidates::whole(&ws), 0, 1);
+    book.record_dispatch(&l, Candidates::whole(&ws), 1, 1);
     let again = book
-        .lookup(&settings(), "/v1/completions", &completion(&text), &ws, 2)
+        .lookup(
+            &settings(),
+            "/v1/completions",
+            &completion(&text),
+            Candidates::whole(&ws),
+            2,
+        )
         .unwrap();
     assert_eq!(
         again.cached,
@@ -130,7 +143,7 @@ fn a_lookup_completes_while_a_huge_slot_is_cleared() {
             if before <= 3 || before >= BIG + 3 {
                 continue;
             }
-            book.cached_tokens(&ws, &[1, 2, 3], 4, &mut out);
+            book.cached_tokens(Candidates::whole(&ws), &[1, 2, 3], 4, &mut out);
             assert_eq!(out, [12, 0]);
             // ...and still is once the lookup has its answer: it did not wait for the clear.
             if !done.load(SeqCst) && book.blocks() > 3 {
@@ -151,15 +164,27 @@ fn a_dispatch_after_removal_does_not_bring_the_worker_back() {
     let ws = [worker("http://a:1", 1), worker("http://b:1", 1)];
     let body = completion(&"x".repeat(160));
     let l = book
-        .lookup(&settings(), "/v1/completions", &body, &ws, 1)
+        .lookup(
+            &settings(),
+            "/v1/completions",
+            &body,
+            Candidates::whole(&ws),
+            1,
+        )
         .unwrap();
-    book.record_dispatch(&l, &ws, 0, 1);
-    book.record_dispatch(&l, &ws, 1, 1);
+    book.record_dispatch(&l, Candidates::whole(&ws), 0, 1);
+    book.record_dispatch(&l, Candidates::whole(&ws), 1, 1);
     book.unregister(&ws[0]);
     // A request that picked `a` before it was removed records its dispatch afterwards.
-    book.record_dispatch(&l, &ws, 0, 2);
+    book.record_dispatch(&l, Candidates::whole(&ws), 0, 2);
     let again = book
-        .lookup(&settings(), "/v1/completions", &body, &ws, 3)
+        .lookup(
+            &settings(),
+            "/v1/completions",
+            &body,
+            Candidates::whole(&ws),
+            3,
+        )
         .unwrap();
     assert_eq!(
         again.cached,
@@ -184,7 +209,12 @@ fn registering_one_url_twice_does_not_leak_the_first_registration() {
     assert_eq!(book.blocks(), 0, "and its streams write nowhere");
     book.apply(s2[0].0, &stored(&[1, 2]));
     let mut out = Vec::new();
-    book.cached_tokens(&[first.clone(), second.clone()], &[1, 2], 4, &mut out);
+    book.cached_tokens(
+        Candidates::whole(&[first.clone(), second.clone()]),
+        &[1, 2],
+        4,
+        &mut out,
+    );
     assert_eq!(out, [0, 8]);
     book.unregister(&second);
     assert_eq!(book.blocks(), 0);

@@ -84,9 +84,12 @@ async fn the_index_matches_the_engine_after_churn_with_eviction() {
             .unwrap() as u64
             * PAGE as u64;
         let mut out = Vec::new();
-        r.state
-            .cache
-            .cached_tokens(&workers, &chain, PAGE as u64, &mut out);
+        r.state.cache.cached_tokens(
+            loadlink_router::candidate::Candidates::whole(&workers),
+            &chain,
+            PAGE as u64,
+            &mut out,
+        );
         assert_eq!(out, [want], "prompt {i}");
     }
     // A router that joins late gets the same view through the initial replay.

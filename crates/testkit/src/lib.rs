@@ -22,6 +22,8 @@
 //!   router miss batches on purpose).
 //! * [`replay`]: asks a KV-event publisher's replay socket for its buffered batches.
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
+//! * [`rank_worker`]: a worker of several DP ranks, each publishing its own load, that records
+//!   the rank header and body of every request it receives.
 //! * [`polled_worker`]: a fake polled worker whose `/v1/loads` or `/metrics` answers what the
 //!   test says, request by request (absurd ranks, huge bodies, stalls).
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
@@ -39,6 +41,7 @@ pub mod kv_sync;
 pub mod metrics;
 pub mod polled_worker;
 pub mod pub_sink;
+pub mod rank_worker;
 pub mod replay;
 pub mod router;
 pub mod sub;

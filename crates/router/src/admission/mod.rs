@@ -76,7 +76,7 @@ impl AdmissionState {
         dispatch: impl FnOnce(&FleetView<'v>, &D) -> Option<T>,
     ) -> (D, Option<T>) {
         let _gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
-        view.now_ms = view.workers.first().map_or(0, |w| w.now_ms());
+        view.now_ms = view.workers().first().map_or(0, |w| w.now_ms());
         let d = decide(view);
         let t = dispatch(view, &d);
         (d, t)

@@ -32,7 +32,7 @@ pub mod source;
 pub use breaker::Breaker;
 pub use health::Health;
 pub use pricing::Pricing;
-pub use ranks::{RankOutOfRange, RankState, RankTable};
+pub use ranks::{RankOutOfRange, RankRouted, RankState, RankTable};
 pub use source::{LoadSourceKind, LoadSourceState};
 
 use crate::budget::Refusal;
@@ -238,9 +238,20 @@ impl Worker {
 
     /// Counts a request of `prompt` tokens sent here with `cached` of them believed cached.
     pub fn count_prefix(&self, prompt: u64, cached: u64) {
+        self.count_prefix_on(None, prompt, cached);
+    }
+
+    /// [`Worker::count_prefix`] for a request routed to `rank` (also counted on that rank).
+    pub fn count_prefix_on(&self, rank: Option<u32>, prompt: u64, cached: u64) {
         self.routed_prompt_tokens.fetch_add(prompt, Relaxed);
         self.routed_cached_tokens
             .fetch_add(cached.min(prompt), Relaxed);
+        if let Some(r) = rank.and_then(|r| self.ranks.get(r as usize)) {
+            r.routed.prompt_tokens.fetch_add(prompt, Relaxed);
+            r.routed
+                .cached_tokens
+                .fetch_add(cached.min(prompt), Relaxed);
+        }
     }
 
     /// Counts a dropped frame under its reason.
@@ -336,6 +347,13 @@ impl Worker {
             .store(self.dispatched.load(Relaxed), Relaxed);
         r.tokens_mark
             .store(self.dispatched_tokens.load(Relaxed), Relaxed);
+        let routed = &r.routed;
+        routed
+            .dispatch_mark
+            .store(routed.dispatched.load(Relaxed), Relaxed);
+        routed
+            .tokens_mark
+            .store(routed.dispatched_tokens.load(Relaxed), Relaxed);
         r.received_ms.store(now.max(1), Relaxed);
         self.aggregate();
         true
@@ -418,57 +436,47 @@ impl Worker {
     /// [`Worker::load`] at a given `now` (from [`Worker::now_ms`]).
     #[inline]
     pub fn load_at(&self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
-        let f = self.inflight.load(Relaxed).max(0);
-        // Under the backlog signal every score is in prompt tokens, fallback included.
-        let unit = if signal == LoadSignal::Backlog {
-            DISPATCH_TOKENS_GUESS
-        } else {
-            1
-        };
-        let fallback = |age_ms| Load {
-            requests: f,
-            tokens: 0,
-            score: f.saturating_mul(unit),
-            source: Source::Fallback,
-            age_ms,
-        };
+        let f = self.inflight.load(Relaxed);
         if self.ranks.is_empty() {
-            return fallback(u64::MAX);
+            return Figures::inflight_only(f).merge(signal, freshness_ms, now);
         }
         let oldest_rx = self
             .agg_oldest_rx
             .load(std::sync::atomic::Ordering::Acquire);
-        let (e, tokens, mark) = (
-            self.agg_requests.load(Relaxed),
-            self.agg_tokens.load(Relaxed),
-            self.agg_mark.load(Relaxed),
-        );
-        let age_ms = if oldest_rx == 0 {
-            u64::MAX
-        } else {
-            now.saturating_sub(oldest_rx)
-        };
-        if signal == LoadSignal::Inflight || age_ms > freshness_ms {
-            return fallback(age_ms);
+        let mark = self.agg_mark.load(Relaxed);
+        Figures {
+            inflight: f,
+            received_ms: oldest_rx,
+            requests: self.agg_requests.load(Relaxed),
+            tokens: self.agg_tokens.load(Relaxed),
+            backlog: self.agg_backlog.load(Relaxed),
+            dispatched_since: self.dispatched.load(Relaxed).saturating_sub(mark),
         }
-        let d =
-            i64::try_from(self.dispatched.load(Relaxed).saturating_sub(mark)).unwrap_or(i64::MAX);
-        let requests = f.max(e.saturating_add(d));
-        let score = match signal {
-            LoadSignal::Backlog => self
-                .agg_backlog
+        .merge(signal, freshness_ms, now)
+    }
+
+    /// The load of DP rank `rank` alone, as [`Worker::load_at`] merges it for the whole worker: the
+    /// rank's engine figures, fresh on their own, plus what this router routed to the rank by name
+    /// since its snapshot; else this router's open requests routed there. A rank without a slot is
+    /// priced as the whole worker.
+    #[inline]
+    pub fn rank_load_at(&self, rank: u32, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
+        let Some(r) = self.ranks.get(rank as usize) else {
+            return self.load_at(signal, freshness_ms, now);
+        };
+        let routed = &r.routed;
+        Figures {
+            inflight: routed.inflight.load(Relaxed),
+            received_ms: r.received_ms.load(std::sync::atomic::Ordering::Acquire),
+            requests: r.requests.load(Relaxed),
+            tokens: r.tokens.load(Relaxed),
+            backlog: r.backlog.load(Relaxed),
+            dispatched_since: routed
+                .dispatched
                 .load(Relaxed)
-                .saturating_add(d.saturating_mul(DISPATCH_TOKENS_GUESS))
-                .saturating_add(e.saturating_mul(REQUEST_TOKENS_WEIGHT)),
-            _ => requests,
-        };
-        Load {
-            requests,
-            score,
-            tokens,
-            source: Source::Engine,
-            age_ms,
+                .saturating_sub(routed.dispatch_mark.load(Relaxed)),
         }
+        .merge(signal, freshness_ms, now)
     }
 
     /// Whether the breaker lets traffic through and health checks pass.
@@ -507,6 +515,75 @@ impl Worker {
     }
 }
 
+/// What one load is merged from: a worker's sums over its ranks, or one rank's own figures.
+struct Figures {
+    /// This router's open requests.
+    inflight: i64,
+    /// Receive time of the (oldest) snapshot, ms; 0: none yet.
+    received_ms: u64,
+    requests: i64,
+    tokens: i64,
+    backlog: i64,
+    /// This router's dispatches since that snapshot.
+    dispatched_since: u64,
+}
+
+impl Figures {
+    fn inflight_only(inflight: i64) -> Self {
+        Figures {
+            inflight,
+            received_ms: 0,
+            requests: 0,
+            tokens: 0,
+            backlog: 0,
+            dispatched_since: 0,
+        }
+    }
+
+    /// `max(F, E + D)` when the snapshot is fresh and the signal is the engine's, else `F`.
+    #[inline]
+    fn merge(self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
+        let f = self.inflight.max(0);
+        // Under the backlog signal every score is in prompt tokens, fallback included.
+        let unit = if signal == LoadSignal::Backlog {
+            DISPATCH_TOKENS_GUESS
+        } else {
+            1
+        };
+        let age_ms = if self.received_ms == 0 {
+            u64::MAX
+        } else {
+            now.saturating_sub(self.received_ms)
+        };
+        if signal == LoadSignal::Inflight || age_ms > freshness_ms {
+            return Load {
+                requests: f,
+                tokens: 0,
+                score: f.saturating_mul(unit),
+                source: Source::Fallback,
+                age_ms,
+            };
+        }
+        let e = self.requests;
+        let d = i64::try_from(self.dispatched_since).unwrap_or(i64::MAX);
+        let requests = f.max(e.saturating_add(d));
+        let score = match signal {
+            LoadSignal::Backlog => self
+                .backlog
+                .saturating_add(d.saturating_mul(DISPATCH_TOKENS_GUESS))
+                .saturating_add(e.saturating_mul(REQUEST_TOKENS_WEIGHT)),
+            _ => requests,
+        };
+        Load {
+            requests,
+            score,
+            tokens: self.tokens,
+            source: Source::Engine,
+            age_ms,
+        }
+    }
+}
+
 /// What a sequence number told us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqEvent {
@@ -519,10 +596,13 @@ pub enum SeqEvent {
     OutOfRange,
 }
 
-/// An in-flight request on a worker; releases the count when dropped (body end or disconnect).
+/// An in-flight request on a worker (or one of its ranks); releases the count when dropped (body
+/// end or disconnect).
 #[derive(Debug)]
 pub struct InflightGuard {
     worker: Arc<Worker>,
+    /// The rank it was routed to by name, if any (counted there too).
+    rank: Option<u32>,
     /// The uncached tokens it was dispatched with.
     tokens: u64,
 }
@@ -538,13 +618,29 @@ impl InflightGuard {
     /// minus the prefix the router believes cached), so cost policies count what was dispatched
     /// since the last snapshot in tokens.
     pub fn with_tokens(worker: Arc<Worker>, uncached_tokens: u64) -> Self {
+        Self::to_target(worker, None, uncached_tokens)
+    }
+
+    /// [`InflightGuard::with_tokens`] for a request routed to `rank` of `worker` by name: counted on
+    /// the worker and on the rank ([`Worker::rank_load_at`]).
+    pub fn to_target(worker: Arc<Worker>, rank: Option<u32>, uncached_tokens: u64) -> Self {
         worker.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
         worker.inflight_tokens.fetch_add(uncached_tokens, Relaxed);
         worker.inflight.fetch_add(1, Relaxed);
         worker.dispatched.fetch_add(1, Relaxed);
         worker.requests_total.fetch_add(1, Relaxed);
+        let rank = rank.filter(|&r| worker.ranks.get(r as usize).is_some());
+        if let Some(r) = rank.and_then(|r| worker.ranks.get(r as usize)) {
+            let routed = &r.routed;
+            routed.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
+            routed.inflight_tokens.fetch_add(uncached_tokens, Relaxed);
+            routed.inflight.fetch_add(1, Relaxed);
+            routed.dispatched.fetch_add(1, Relaxed);
+            routed.requests_total.fetch_add(1, Relaxed);
+        }
         InflightGuard {
             worker,
+            rank,
             tokens: uncached_tokens,
         }
     }
@@ -552,16 +648,27 @@ impl InflightGuard {
     pub fn worker(&self) -> &Arc<Worker> {
         &self.worker
     }
+
+    /// The rank it was routed to by name.
+    pub fn rank(&self) -> Option<u32> {
+        self.rank
+    }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.worker.inflight.fetch_sub(1, Relaxed);
         self.worker.inflight_tokens.fetch_sub(self.tokens, Relaxed);
+        if let Some(r) = self.rank.and_then(|r| self.worker.ranks.get(r as usize)) {
+            r.routed.inflight.fetch_sub(1, Relaxed);
+            r.routed.inflight_tokens.fetch_sub(self.tokens, Relaxed);
+        }
     }
 }
 
 #[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod rank_tests;
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@
 //! router's dispatches since the snapshot, in tokens), the measured prefill speed, KV usage and
 //! in-flight count. Lock-free: a handful of atomic loads, as [`Worker::load_at`].
 
+use super::prefill_rate::PRIOR_US_PER_TOKEN;
 use super::{LoadSignal, Worker};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
@@ -47,6 +48,40 @@ impl Worker {
             us_per_token: f64::from_bits(self.agg_us_per_token_bits.load(Relaxed)),
             kv_usage: f64::from_bits(self.agg_kv_usage_bits.load(Relaxed)),
             inflight: self.inflight.load(Relaxed).max(0),
+        }
+    }
+
+    /// [`Worker::pricing_at`] for DP rank `rank` alone: its own backlog, fresh on its own, plus
+    /// what this router routed to it by name since; its own prefill speed and KV usage. A rank
+    /// without a slot is priced as the whole worker.
+    #[inline]
+    pub fn rank_pricing_at(
+        &self,
+        rank: u32,
+        signal: LoadSignal,
+        freshness_ms: u64,
+        now: u64,
+    ) -> Pricing {
+        let Some(r) = self.ranks.get(rank as usize) else {
+            return self.pricing_at(signal, freshness_ms, now);
+        };
+        let routed = r.routed();
+        let rx = r.received_ms();
+        let fresh =
+            rx != 0 && now.saturating_sub(rx) <= freshness_ms && signal != LoadSignal::Inflight;
+        let queued_tokens = fresh.then(|| {
+            let since = routed
+                .dispatched_tokens
+                .load(Relaxed)
+                .saturating_sub(routed.tokens_mark.load(Relaxed))
+                .min(routed.inflight_tokens.load(Relaxed));
+            r.backlog.load(Relaxed).max(0) as u64 + since
+        });
+        Pricing {
+            queued_tokens,
+            us_per_token: r.prefill.us_per_token().unwrap_or(PRIOR_US_PER_TOKEN),
+            kv_usage: f64::from_bits(r.token_usage_bits.load(Relaxed)),
+            inflight: routed.inflight().max(0),
         }
     }
 }

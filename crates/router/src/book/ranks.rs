@@ -44,9 +44,47 @@ pub struct RankState {
     pub prefill: PrefillRate,
     /// The worker's dispatched-token counter when that message arrived.
     pub(super) tokens_mark: AtomicU64,
+    /// What this router routed to this rank by name (rank-routed candidates), as the worker's
+    /// counters do for the whole worker: dispatches, their uncached tokens, the open requests and
+    /// their tokens, and the rank's own counters when its last message arrived.
+    pub(super) routed: RankRouted,
+}
+
+/// This router's accounting of the requests it routed to one rank by name.
+#[derive(Debug, Default)]
+pub struct RankRouted {
+    pub(super) dispatched: AtomicU64,
+    pub(super) dispatched_tokens: AtomicU64,
+    pub(super) inflight: AtomicI64,
+    pub(super) inflight_tokens: AtomicU64,
+    /// `dispatched` and `dispatched_tokens` when the rank's last message arrived.
+    pub(super) dispatch_mark: AtomicU64,
+    pub(super) tokens_mark: AtomicU64,
+    /// Requests routed here, their prompt tokens and how many of those the router believed cached
+    /// here (shown per rank in `/workers` and `/metrics`).
+    pub requests_total: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+}
+
+impl RankRouted {
+    /// This router's open requests routed to this rank.
+    pub fn inflight(&self) -> i64 {
+        self.inflight.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl RankState {
+    /// What this router routed to this rank by name.
+    pub fn routed(&self) -> &RankRouted {
+        &self.routed
+    }
+
+    /// ms since the book's epoch of the last message (0: never).
+    pub fn received_ms(&self) -> u64 {
+        self.received_ms.load(Ordering::Acquire)
+    }
+
     fn new(rank: usize) -> Self {
         RankState {
             rank,
@@ -64,6 +102,7 @@ impl RankState {
             token_usage_bits: AtomicU64::new(0),
             prefill: PrefillRate::default(),
             tokens_mark: AtomicU64::new(0),
+            routed: RankRouted::default(),
         }
     }
 }

@@ -19,14 +19,18 @@
 use super::approx::ApproxTree;
 use super::id_hash::IdMap;
 use crate::book::Worker;
+use crate::candidate::Candidates;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// The approximate tree's bound per worker (blocks) and age.
 pub const APPROX_MAX_BLOCKS: usize = 1 << 20;
 pub const APPROX_TTL_MS: u64 = 120_000;
 
-/// The one slot of a worker's own tree.
-const SLOT: u32 = 0;
+/// The slot of a worker's tree for a candidate: 0 for what was sent to the whole worker, 1 + r for
+/// what was routed to its rank r (each rank caches on its own).
+fn slot(rank: Option<u32>) -> u32 {
+    rank.map_or(0, |r| r.saturating_add(1))
+}
 
 struct Shard {
     tree: Mutex<ApproxTree>,
@@ -60,33 +64,37 @@ impl ApproxSlots {
         self.shards.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// For each of `workers` that `wanted` names (by position), its tree's figures at `now_ms`
-    /// (after expiry): its size in blocks, and how many leading blocks of `chain` it holds; `(0,
-    /// 0)` for the others and for a worker never sent anything. One read of the map; one tree lock
-    /// at a time.
+    /// For each candidate that `wanted` names (by position), its tree's figures at `now_ms`
+    /// (after expiry): the size of its slot in blocks, and how many leading blocks of `chain` it
+    /// holds; `(0, 0)` for the others and for a worker never sent anything. One read of the map;
+    /// one tree lock at a time.
     pub(crate) fn peek_each(
         &self,
-        workers: &[Arc<Worker>],
+        targets: Candidates<'_>,
         wanted: impl Fn(usize) -> bool,
         chain: &[i64],
         now_ms: u64,
         out: &mut Vec<(u64, u32)>,
     ) {
         out.clear();
-        out.resize(workers.len(), (0, 0));
+        out.resize(targets.len(), (0, 0));
         let g = self.read();
-        for (i, w) in workers.iter().enumerate() {
+        for (i, o) in out.iter_mut().enumerate() {
+            let c = targets.get(i);
+            let w = &targets.workers()[c.worker as usize];
             let Some(shard) = g.trees.get(&key(w)).filter(|_| wanted(i)) else {
                 continue;
             };
             let mut t = shard.tree.lock().unwrap_or_else(|p| p.into_inner());
             t.expire(now_ms);
-            out[i] = (t.slot_stats(SLOT).blocks, t.slot_depth(SLOT, chain));
+            let s = slot(c.rank);
+            *o = (t.slot_stats(s).blocks, t.slot_depth(s, chain));
         }
     }
 
-    /// Records that `chain` was sent to `w` at `now_ms`; ignored for a removed worker.
-    pub(crate) fn record(&self, w: &Arc<Worker>, chain: &[i64], now_ms: u64) {
+    /// Records that `chain` was sent to `w` (its rank `rank` by name, if any) at `now_ms`; ignored
+    /// for a removed worker.
+    pub(crate) fn record(&self, w: &Arc<Worker>, rank: Option<u32>, chain: &[i64], now_ms: u64) {
         let shard = self.read().trees.get(&key(w)).cloned();
         let shard = match shard {
             Some(s) => s,
@@ -110,7 +118,7 @@ impl ApproxSlots {
             }
         };
         let mut t = shard.tree.lock().unwrap_or_else(|p| p.into_inner());
-        t.record(SLOT, chain, now_ms);
+        t.record(slot(rank), chain, now_ms);
     }
 
     /// Forgets `w`'s tree (the worker left) and ignores its later dispatches. The tree is dropped

@@ -33,6 +33,7 @@ use super::index::{DetachedBlocks, KvIndex, Slot};
 use super::stream::{CacheCounters, ResyncReason, StreamStats};
 use crate::book::Worker;
 use crate::budget::Refusal;
+use crate::candidate::Candidates;
 use loadlink_wire::kv_events::{KvEvent, KvEventBatch};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
@@ -64,6 +65,22 @@ pub(crate) struct WorkerEntry {
     /// Keeps the worker's address from being reused while it is a key here, and is where an
     /// over-quota refusal is counted.
     pub(crate) worker: Arc<Worker>,
+}
+
+impl WorkerEntry {
+    /// The streams of a candidate: rank `rank`'s, or every rank's for the whole worker.
+    pub(crate) fn of(&self, rank: Option<u32>) -> impl Iterator<Item = &RankEntry> + '_ {
+        let one = rank.map(|r| match self.ranks.get(r as usize) {
+            Some(e) if e.stats.rank == r => Some(e),
+            _ => self.ranks.iter().find(|e| e.stats.rank == r),
+        });
+        let all = rank
+            .is_none()
+            .then(|| self.ranks.iter())
+            .into_iter()
+            .flatten();
+        one.flatten().into_iter().chain(all)
+    }
 }
 
 pub(crate) struct Inner {
@@ -142,26 +159,28 @@ impl CacheBook {
         self.inner.write()
     }
 
-    /// For each of `workers`: whether every rank of it is indexed (it has a KV-event stream and
-    /// no rank over quota), and (into `blocks`, resized) the blocks its fullest rank holds.
-    pub fn stream_blocks(&self, workers: &[Arc<Worker>], blocks: &mut Vec<u64>) -> Vec<bool> {
+    /// For each candidate: whether it is indexed (it has a KV-event stream and is not over its
+    /// quota; a whole worker: every rank of it), and (into `blocks`, resized) the blocks it holds
+    /// (a whole worker: its fullest rank).
+    pub fn stream_blocks(&self, targets: Candidates<'_>, blocks: &mut Vec<u64>) -> Vec<bool> {
         blocks.clear();
-        blocks.resize(workers.len(), 0);
+        blocks.resize(targets.len(), 0);
         let g = self.read();
-        workers
+        targets
             .iter()
             .zip(blocks.iter_mut())
-            .map(|(w, b)| match g.workers.get(&key(w)) {
-                Some(e) => {
-                    let mut indexed = true;
-                    for r in &e.ranks {
-                        let st = g.index.slot_stats(r.slot);
-                        *b = (*b).max(st.blocks);
-                        indexed &= !st.over_quota;
-                    }
-                    indexed
+            .map(|(c, b)| {
+                let w = &targets.workers()[c.worker as usize];
+                let Some(e) = g.workers.get(&key(w)) else {
+                    return false;
+                };
+                let mut indexed = !e.ranks.is_empty();
+                for r in e.of(c.rank) {
+                    let st = g.index.slot_stats(r.slot);
+                    *b = (*b).max(st.blocks);
+                    indexed &= !st.over_quota;
                 }
-                None => false,
+                indexed
             })
             .collect()
     }
@@ -333,20 +352,20 @@ impl CacheBook {
         }
     }
 
-    /// For each of `workers` (in order), how many of the request's prompt tokens are cached there:
-    /// the longest run of `chain` (the prompt's page hashes, `page_size` tokens each) held by any
-    /// of its ranks, in tokens; 0 for a worker without a stream. `out` is overwritten; steady
-    /// state allocates nothing.
+    /// For each candidate (in order), how many of the request's prompt tokens are cached there: the
+    /// longest run of `chain` (the prompt's page hashes, `page_size` tokens each) held by its rank
+    /// (a whole worker: by any of its ranks), in tokens; 0 without a stream. `out` is overwritten;
+    /// steady state allocates nothing.
     pub fn cached_tokens(
         &self,
-        workers: &[Arc<Worker>],
+        targets: Candidates<'_>,
         chain: &[i64],
         page_size: u64,
         out: &mut Vec<u64>,
     ) {
         out.clear();
-        out.resize(workers.len(), 0);
-        if chain.is_empty() || workers.is_empty() {
+        out.resize(targets.len(), 0);
+        if chain.is_empty() || targets.is_empty() {
             return;
         }
         let g = self.read();
@@ -364,9 +383,21 @@ impl CacheBook {
                     *d = held;
                 }
             }
-            for (o, w) in out.iter_mut().zip(workers) {
-                if let Some(e) = g.workers.get(&key(w)) {
-                    let best = e.ranks.iter().map(|r| s.depth[r.slot as usize]).max();
+            // Candidates of one worker sit together: look its entry up once.
+            let mut entry: Option<(u32, Option<&WorkerEntry>)> = None;
+            for (i, o) in out.iter_mut().enumerate() {
+                let c = targets.get(i);
+                let e = match entry {
+                    Some((w, e)) if w == c.worker => e,
+                    _ => {
+                        let w = &targets.workers()[c.worker as usize];
+                        let e = g.workers.get(&key(w));
+                        entry = Some((c.worker, e));
+                        e
+                    }
+                };
+                if let Some(e) = e {
+                    let best = e.of(c.rank).map(|r| s.depth[r.slot as usize]).max();
                     *o = u64::from(best.unwrap_or(0)) * page_size;
                 }
             }
@@ -419,6 +450,7 @@ fn owner(g: &Inner, slot: Slot) -> Option<(Arc<Worker>, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::candidate::Candidate;
     use loadlink_wire::kv_events::{BlockRemoved, BlockStored};
     use std::time::Instant;
 
@@ -456,22 +488,48 @@ mod tests {
         book.apply(sa[1].0, &batch(vec![stored(&[1, 2, 3])]));
         book.apply(sb[0].0, &batch(vec![stored(&[1])]));
         let mut out = Vec::new();
-        book.cached_tokens(
-            &[c.clone(), b.clone(), a.clone()],
-            &[1, 2, 3, 4],
-            4,
-            &mut out,
-        );
+        let ws = [c.clone(), b.clone(), a.clone()];
+        book.cached_tokens(Candidates::whole(&ws), &[1, 2, 3, 4], 4, &mut out);
         assert_eq!(out, [0, 4, 12]);
+        let ranked = [
+            Candidate {
+                worker: 2,
+                rank: Some(0),
+            },
+            Candidate {
+                worker: 2,
+                rank: Some(1),
+            },
+            Candidate {
+                worker: 1,
+                rank: None,
+            },
+        ];
+        book.cached_tokens(Candidates::listed(&ws, &ranked), &[1, 2, 3, 4], 4, &mut out);
+        assert_eq!(
+            out,
+            [8, 12, 4],
+            "a rank candidate holds what its rank holds"
+        );
         let removed = KvEvent::Removed(BlockRemoved {
             block_hashes: vec![3],
             medium: None,
         });
         book.apply(sa[1].0, &batch(vec![removed]));
-        book.cached_tokens(std::slice::from_ref(&a), &[1, 2, 3, 4], 4, &mut out);
+        book.cached_tokens(
+            Candidates::whole(std::slice::from_ref(&a)),
+            &[1, 2, 3, 4],
+            4,
+            &mut out,
+        );
         assert_eq!(out, [8]);
         assert_eq!(book.counters.events[1].load(Relaxed), 1);
-        book.cached_tokens(&[a.clone(), b.clone()], &[9], 4, &mut out);
+        book.cached_tokens(
+            Candidates::whole(&[a.clone(), b.clone()]),
+            &[9],
+            4,
+            &mut out,
+        );
         assert_eq!(out, [0, 0], "no holder of the root: nothing cached");
     }
 
@@ -493,7 +551,7 @@ mod tests {
             "a removed stream's late batch lands nowhere"
         );
         let mut out = Vec::new();
-        book.cached_tokens(&[a, b], &[1, 2], 4, &mut out);
+        book.cached_tokens(Candidates::whole(&[a, b]), &[1, 2], 4, &mut out);
         assert_eq!(out, [0, 0]);
         assert_eq!(book.rank_blocks("http://b:1", 0), Some(vec![]));
         assert_eq!(book.rank_blocks("http://a:1", 0), None);

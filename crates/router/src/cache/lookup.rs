@@ -17,8 +17,7 @@
 use super::book::CacheBook;
 use super::request::PromptChain;
 use super::tokenizer::RouterTokenizer;
-use crate::book::Worker;
-use std::sync::Arc;
+use crate::candidate::Candidates;
 
 /// Which view prices a worker's cached prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,42 +66,43 @@ pub struct PrefixSettings {
     pub sizes_from_sent: bool,
 }
 
-/// One request's cached prefix on every worker (same order as the worker list).
+/// One request's cached prefix on every candidate (same order as its candidates).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lookup {
     pub prompt: PromptChain,
-    /// Tokens of this prompt cached on each worker.
+    /// Tokens of this prompt cached on each candidate.
     pub cached: Vec<u64>,
-    /// Tokens each worker's cache holds in all (for `cache_aware`'s smallest-cache choice).
+    /// Tokens each candidate's cache holds in all (for `cache_aware`'s smallest-cache choice).
     pub sizes: Vec<u64>,
-    /// Whether each worker was priced from the approximate tree (and so records dispatches).
+    /// Whether each candidate was priced from the approximate tree (and so records dispatches).
     approx: Vec<bool>,
     /// Sizes come from the tree for every worker (so every dispatch is recorded).
     sent_sizes: bool,
 }
 
 impl CacheBook {
-    /// The request at `path` with `body` as the caches see it, against `workers`; `None` when it
+    /// The request at `path` with `body` as the caches see it, against `targets`; `None` when it
     /// has no prompt to price (not a generation route, or a body the engine will refuse).
     pub fn lookup(
         &self,
         settings: &PrefixSettings,
         path: &str,
         body: &[u8],
-        workers: &[Arc<Worker>],
+        targets: Candidates<'_>,
         now_ms: u64,
     ) -> Option<Lookup> {
         let prompt = PromptChain::of_request(path, body, &settings.tokenizer, settings.page_size)?;
         let page = settings.page_size as u64;
+        let n = targets.len();
         let mut l = Lookup {
-            cached: Vec::with_capacity(workers.len()),
-            sizes: vec![0; workers.len()],
-            approx: vec![false; workers.len()],
+            cached: Vec::with_capacity(n),
+            sizes: vec![0; n],
+            approx: vec![false; n],
             sent_sizes: false,
             prompt,
         };
-        let indexed = self.stream_blocks(workers, &mut l.sizes);
-        self.cached_tokens(workers, &l.prompt.chain, page, &mut l.cached);
+        let indexed = self.stream_blocks(targets, &mut l.sizes);
+        self.cached_tokens(targets, &l.prompt.chain, page, &mut l.cached);
         l.sent_sizes = settings.sizes_from_sent;
         for (i, s) in l.sizes.iter_mut().enumerate() {
             *s *= page;
@@ -114,7 +114,7 @@ impl CacheBook {
         }
         if l.sent_sizes || l.approx.iter().any(|&a| a) {
             let only_tree = settings.source == PrefixSource::Approx;
-            self.approx_into(&mut l, workers, page, now_ms, only_tree);
+            self.approx_into(&mut l, targets, page, now_ms, only_tree);
         }
         Some(l)
     }
@@ -124,7 +124,7 @@ impl CacheBook {
     fn approx_into(
         &self,
         l: &mut Lookup,
-        workers: &[Arc<Worker>],
+        targets: Candidates<'_>,
         page: u64,
         now_ms: u64,
         only_tree: bool,
@@ -132,7 +132,7 @@ impl CacheBook {
         let mut trees = Vec::new();
         let wanted = |i: usize| l.sent_sizes || l.approx[i];
         self.approx
-            .peek_each(workers, wanted, &l.prompt.chain, now_ms, &mut trees);
+            .peek_each(targets, wanted, &l.prompt.chain, now_ms, &mut trees);
         for (i, &(blocks, held)) in trees.iter().enumerate() {
             if !(l.sent_sizes || l.approx[i]) {
                 continue;
@@ -153,22 +153,25 @@ impl CacheBook {
         }
     }
 
-    /// The request of `l` went to `workers[i]` at `now_ms`: that worker's approximate tree
-    /// remembers it when the worker is priced from it (not when it has left the fleet since).
-    pub fn record_dispatch(&self, l: &Lookup, workers: &[Arc<Worker>], i: usize, now_ms: u64) {
+    /// The request of `l` went to candidate `i` of `targets` at `now_ms`: its worker's approximate
+    /// tree remembers it (in the rank's slot when it was routed to a rank) when the candidate is
+    /// priced from it (not when the worker has left the fleet since).
+    pub fn record_dispatch(&self, l: &Lookup, targets: Candidates<'_>, i: usize, now_ms: u64) {
         let tree_priced = l.approx.get(i).copied().unwrap_or(false);
-        if !(tree_priced || l.sent_sizes) || l.prompt.chain.is_empty() {
+        if !(tree_priced || l.sent_sizes) || l.prompt.chain.is_empty() || i >= targets.len() {
             return;
         }
-        if let Some(w) = workers.get(i) {
-            self.approx.record(w, &l.prompt.chain, now_ms);
-        }
+        let c = targets.get(i);
+        let w = &targets.workers()[c.worker as usize];
+        self.approx.record(w, c.rank, &l.prompt.chain, now_ms);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::book::Worker;
+    use std::sync::Arc;
     use std::time::Instant;
 
     fn body(text: &str) -> Vec<u8> {
@@ -191,15 +194,27 @@ mod tests {
         };
         let text = "x".repeat(4 * 4 * 10); // 40 tokens: 9 full pages of what is matched
         let l = book
-            .lookup(&settings, "/v1/completions", &body(&text), &ws, 1)
+            .lookup(
+                &settings,
+                "/v1/completions",
+                &body(&text),
+                Candidates::whole(&ws),
+                1,
+            )
             .unwrap();
         assert_eq!(
             (l.prompt.prompt_tokens, l.cached.as_slice()),
             (40, &[0, 0][..])
         );
-        book.record_dispatch(&l, &ws, 1, 1);
+        book.record_dispatch(&l, Candidates::whole(&ws), 1, 1);
         let again = book
-            .lookup(&settings, "/v1/completions", &body(&text), &ws, 2)
+            .lookup(
+                &settings,
+                "/v1/completions",
+                &body(&text),
+                Candidates::whole(&ws),
+                2,
+            )
             .unwrap();
         assert_eq!(again.cached, [0, 36], "b holds what it was sent");
         assert_eq!(again.sizes, [0, 36]);
@@ -208,7 +223,13 @@ mod tests {
             ..settings
         };
         let blind = book
-            .lookup(&kv_only, "/v1/completions", &body(&text), &ws, 3)
+            .lookup(
+                &kv_only,
+                "/v1/completions",
+                &body(&text),
+                Candidates::whole(&ws),
+                3,
+            )
             .unwrap();
         assert_eq!(blind.cached, [0, 0], "no stream, no KV knowledge");
         let sent = PrefixSettings {
@@ -216,15 +237,27 @@ mod tests {
             ..kv_only
         };
         let l = book
-            .lookup(&sent, "/v1/completions", &body(&text), &ws, 3)
+            .lookup(
+                &sent,
+                "/v1/completions",
+                &body(&text),
+                Candidates::whole(&ws),
+                3,
+            )
             .unwrap();
         assert_eq!(
             (l.cached.as_slice(), l.sizes.as_slice()),
             (&[0, 0][..], &[0, 36][..])
         );
-        book.record_dispatch(&l, &ws, 0, 3);
+        book.record_dispatch(&l, Candidates::whole(&ws), 0, 3);
         let l = book
-            .lookup(&sent, "/v1/completions", &body(&text), &ws, 3)
+            .lookup(
+                &sent,
+                "/v1/completions",
+                &body(&text),
+                Candidates::whole(&ws),
+                3,
+            )
             .unwrap();
         assert_eq!(
             l.sizes,
@@ -241,7 +274,7 @@ mod tests {
                 },
                 "/v1/completions",
                 &body(&text),
-                &ws,
+                Candidates::whole(&ws),
                 4,
             )
             .unwrap();

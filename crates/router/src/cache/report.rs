@@ -29,9 +29,14 @@ loadlink_wire::label_set! {
     struct WorkerLabels<'a> { worker: &'a str }
 }
 
+loadlink_wire::label_set! {
+    /// `{worker="URL",rank="R"}`, as the router's other per-rank families.
+    struct RankLabels<'a> { worker: &'a str, rank: u32 }
+}
+
 impl CacheBook {
     /// `worker`'s `kv_events` object for `/workers`: `{blocks, gaps, replays, resyncs,
-    /// needs_resync, last_seq: [per rank], block_size, rank_quota, over_quota_ranks: [ranks],
+    /// needs_resync, last_seq: [per rank], rank_blocks: [per rank], block_size, rank_quota, over_quota_ranks: [ranks],
     /// not_indexed_reason}` (the reason is null while every rank is indexed), or `null` (and the
     /// reason as the second value) when it has no KV-event stream.
     pub fn worker_json(&self, worker: &Worker) -> (Value, Option<String>) {
@@ -41,9 +46,10 @@ impl CacheBook {
             return (Value::Null, why.or_else(|| Some("not subscribed".into())));
         };
         let (mut blocks, mut gaps, mut replays, mut resyncs, mut stale) = (0, 0, 0, 0, false);
-        let (mut last, mut over) = (Vec::new(), Vec::new());
+        let (mut last, mut over, mut per_rank) = (Vec::new(), Vec::new(), Vec::new());
         for r in &e.ranks {
             let (st, s) = (g.index.slot_stats(r.slot), &r.stats);
+            per_rank.push(st.blocks);
             if st.over_quota {
                 over.push(s.rank);
             }
@@ -63,7 +69,7 @@ impl CacheBook {
         });
         let v = json!({
             "blocks": blocks, "gaps": gaps, "replays": replays, "resyncs": resyncs,
-            "needs_resync": stale, "last_seq": last, "block_size": e.block_size,
+            "needs_resync": stale, "last_seq": last, "rank_blocks": per_rank, "block_size": e.block_size,
             "rank_quota": quota, "over_quota_ranks": over, "not_indexed_reason": reason,
         });
         (v, None)
@@ -187,15 +193,33 @@ impl CacheBook {
     fn write_worker_blocks(&self, e: &mut Exposition, workers: &[std::sync::Arc<Worker>]) {
         let g = self.read();
         let mut rows = Vec::with_capacity(workers.len());
+        let mut ranks = Vec::new();
         for w in workers {
             if let Some(entry) = g.workers.get(&key(w)) {
                 let stats = entry.ranks.iter().map(|r| g.index.slot_stats(r.slot));
                 let (blocks, stale) =
                     stats.fold((0, false), |(b, st), x| (b + x.blocks, st | x.needs_resync));
                 rows.push((&w.url, blocks, stale));
+                for r in &entry.ranks {
+                    ranks.push((&w.url, r.stats.rank, g.index.slot_stats(r.slot).blocks));
+                }
             }
         }
         drop(g);
+        let mut f = e.family(
+            "loadlink_rank_kv_blocks",
+            MetricType::Gauge,
+            "Blocks the index holds for one DP rank of a worker",
+        );
+        for (url, rank, blocks) in &ranks {
+            f.sample(
+                &RankLabels {
+                    worker: url,
+                    rank: *rank,
+                },
+                *blocks,
+            );
+        }
         let mut f = e.family(
             "loadlink_worker_kv_blocks",
             MetricType::Gauge,
