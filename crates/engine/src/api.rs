@@ -8,6 +8,7 @@
 //! generation prompt). The ids feed the prefix cache. The simulator has no EOS: it generates
 //! exactly `max_tokens` (so `ignore_eos` is accepted and changes nothing).
 
+use crate::routed::body_rank;
 use loadlink_wire::prompt::{Prompt, PromptRoute, SimTokenizer, json_object, prompt_of};
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -33,6 +34,9 @@ pub struct GenRequest {
     pub stream: bool,
     /// `stream_options.include_usage` (OpenAI) — usage in the last chunk.
     pub include_usage: bool,
+    /// The body's DP rank (`routed_dp_rank`, else `data_parallel_rank`), as written; the
+    /// header and the range check are applied by the handler ([`crate::routed`]).
+    pub routed_dp_rank: Option<i128>,
 }
 
 /// Upper bound on `max_tokens` (a simulator guard against absurd values).
@@ -96,6 +100,7 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
         max_tokens: uint(&m, "max_tokens", 16)?,
         stream: boolean(&m, "stream")?,
         include_usage: include_usage(&m),
+        routed_dp_rank: body_rank(Route::Completions, &m)?,
     })
 }
 
@@ -116,10 +121,12 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
         max_tokens,
         stream: boolean(&m, "stream")?,
         include_usage: include_usage(&m),
+        routed_dp_rank: body_rank(Route::Chat, &m)?,
     })
 }
 
 /// `/generate` (SGLang native): `text` or `input_ids`, `sampling_params.max_new_tokens`.
+/// `routing_key` (a per-rank waiting-queue order in SGLang, not a DP choice) is not modelled.
 pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
     let m = json_object(body)?;
     let ids = prompt_ids(PromptRoute::Generate, &m)?;
@@ -139,6 +146,7 @@ pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
         max_tokens,
         stream: boolean(&m, "stream")?,
         include_usage: true,
+        routed_dp_rank: body_rank(Route::Generate, &m)?,
     })
 }
 

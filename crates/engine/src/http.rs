@@ -93,6 +93,7 @@ impl Engine {
             }
         };
         log_endpoints(&cfg, &settings, local);
+        let cfg_ranks = ranks.len();
         let state = Arc::new(AppState {
             dispatcher: Dispatcher::new(ranks.len(), Some(shm)),
             cfg,
@@ -104,6 +105,7 @@ impl Engine {
             aborted_total: Arc::default(),
             open_requests: Arc::default(),
             draining: AtomicBool::new(false),
+            rank_requests: (0..cfg_ranks).map(|_| Default::default()).collect(),
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());

@@ -13,6 +13,7 @@ pub mod model;
 pub mod radix;
 pub mod rank;
 mod reply;
+mod routed;
 mod routes;
 mod state;
 pub use loadlink_wire::tokenize;

@@ -3,7 +3,7 @@
 //! written through the one Prometheus writer (`loadlink_wire::prom`), one family at a time.
 
 use crate::rank::CacheCounters;
-use crate::state::AppState;
+use crate::state::{AppState, RankFrom};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -27,6 +27,31 @@ type Gauge = (&'static str, &'static str, fn(&LoadSnapshot) -> f64);
 loadlink_wire::label_set! {
     /// The `rank` label of the per-rank cache families.
     struct Rank { rank: u32 }
+}
+
+loadlink_wire::label_set! {
+    /// The labels of `loadlink_engine_rank_requests_total`.
+    struct RankFromLabels { dp_rank: u32, rank_from: &'static str }
+}
+
+/// `loadlink_engine_rank_requests_total{dp_rank,rank_from}`: where requests ran, and whether
+/// their client routed them there or the dispatcher picked the rank.
+fn rank_requests_family(page: &mut Exposition, st: &AppState) {
+    let mut family = page.family(
+        "loadlink_engine_rank_requests_total",
+        MetricType::Counter,
+        "Generation requests accepted per DP rank, by how the rank was chosen (routed: the \
+         client named it; dispatcher: the engine picked it)",
+    );
+    for (rank, counts) in st.rank_requests.iter().enumerate() {
+        for from in RankFrom::ALL {
+            let labels = RankFromLabels {
+                dp_rank: rank as u32,
+                rank_from: from.label(),
+            };
+            family.sample(&labels, counts[from as usize].load(Ordering::Relaxed));
+        }
+    }
 }
 
 type CacheReading = fn(&CacheCounters) -> &AtomicU64;
@@ -138,6 +163,7 @@ pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     for (name, ty, help, v) in counters {
         page.single(name, ty, help, v);
     }
+    rank_requests_family(&mut page, &st);
     cache_families(&mut page, &st);
     publish_family(&mut page, &st);
     (

@@ -17,6 +17,17 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({ "error": { "message": message, "type": "invalid_request_error", "code": status.as_u16() } }))).into_response()
 }
 
+/// An error SGLang reports inside a stream: status 200, one `error` event, then `[DONE]` (what
+/// its `/generate` sends when a streamed request fails its checks).
+pub(crate) fn stream_error(message: &str) -> Response {
+    let event = json!({ "error": { "message": message, "type": "invalid_request_error", "code": 400, "retryable": false } });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
+        .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "building the stream"))
+}
+
 /// Aborts the request when the client goes away before it finished (body dropped).
 pub(crate) struct AbortGuard {
     pub(crate) id: u64,

@@ -1,12 +1,13 @@
-//! The route handlers: generation (parse the body, pick a rank, submit, reply) and the read-only
-//! routes (`/v1/models`, `/server_info`, `/model_info`, `/get_load`, `/v1/loads`). `/metrics` is in
-//! [`crate::metrics`].
+//! The route handlers: generation (parse the body, take the routed rank or pick one, submit,
+//! reply) and the read-only routes (`/v1/models`, `/server_info`, `/model_info`, `/get_load`,
+//! `/v1/loads`). `/metrics` is in [`crate::metrics`].
 
-use crate::api::{Route, parse_chat, parse_completions, parse_generate};
+use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
 use crate::model::Submit;
 use crate::rank::{Command, wall_now};
-use crate::reply::{AbortGuard, Reply, error, json_response, stream_response};
-use crate::state::AppState;
+use crate::reply::{AbortGuard, Reply, error, json_response, stream_error, stream_response};
+use crate::routed;
+use crate::state::{AppState, RankFrom};
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -70,8 +71,11 @@ pub(crate) async fn generate(
         Ok(r) => r,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
+    let (rank, from) = match place(&st, &headers, &req) {
+        Ok(placed) => placed,
+        Err(r) => return *r,
+    };
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let rank = st.dispatcher.pick_rank();
     let (tx, rx) = unbounded_channel();
     let submit = if req.prompt.is_empty() {
         Submit::counted(id, req.prompt_tokens, req.max_tokens.max(1))
@@ -87,6 +91,7 @@ pub(crate) async fn generate(
         );
     }
     st.requests_total.fetch_add(1, Ordering::Relaxed);
+    st.rank_requests[rank][from as usize].fetch_add(1, Ordering::Relaxed);
     st.open_requests.fetch_add(1, Ordering::Relaxed);
     let guard = AbortGuard {
         id,
@@ -107,6 +112,38 @@ pub(crate) async fn generate(
     } else {
         json_response(reply, rx, guard).await
     }
+}
+
+/// The rank a request runs on: the one its client routed it to ([`crate::routed`]), else the
+/// dispatcher's pick. A bad header or an out-of-range rank is answered as SGLang answers it: a
+/// 400, except a streamed `/generate`, whose error SGLang sends as an event of a 200 stream.
+fn place(
+    st: &AppState,
+    headers: &HeaderMap,
+    req: &GenRequest,
+) -> Result<(usize, RankFrom), Box<Response>> {
+    let header = match req.route {
+        Route::Generate => None,
+        _ => routed::header_rank(headers)
+            .map_err(|m| Box::new(error(StatusCode::BAD_REQUEST, &m)))?,
+    };
+    let routed = match routed::requested(req.route, header, req.routed_dp_rank) {
+        None => None,
+        Some(rank) => routed::check(rank, st.cfg.dp_size).map_err(|m| {
+            Box::new(if req.route == Route::Generate && req.stream {
+                stream_error(&m)
+            } else {
+                error(StatusCode::BAD_REQUEST, &m)
+            })
+        })?,
+    };
+    Ok(match routed {
+        Some(rank) => {
+            st.dispatcher.count_routed(rank);
+            (rank, RankFrom::Routed)
+        }
+        None => (st.dispatcher.pick_rank(), RankFrom::Dispatcher),
+    })
 }
 
 pub(crate) async fn models(State(st): State<Arc<AppState>>) -> Response {

@@ -68,4 +68,27 @@ pub(crate) struct AppState {
     pub(crate) open_requests: Arc<AtomicI64>,
     /// Set when a drain begins: `/readiness` answers 503 from then on.
     pub(crate) draining: AtomicBool,
+    /// Per rank: requests accepted there, by how the rank was chosen ([`RankFrom`] as index).
+    pub(crate) rank_requests: Vec<[AtomicU64; 2]>,
+}
+
+/// How a request's rank was chosen (the `rank_from` label of
+/// `loadlink_engine_rank_requests_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RankFrom {
+    /// The client named it (`routed_dp_rank`, `data_parallel_rank`, `X-Data-Parallel-Rank`).
+    Routed = 0,
+    /// The engine's internal dispatcher picked it.
+    Dispatcher = 1,
+}
+
+impl RankFrom {
+    pub(crate) const ALL: [RankFrom; 2] = [RankFrom::Routed, RankFrom::Dispatcher];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            RankFrom::Routed => "routed",
+            RankFrom::Dispatcher => "dispatcher",
+        }
+    }
 }
