@@ -4,6 +4,7 @@
 
 use super::{LoadSignal, Worker};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64};
 
 /// What a cost policy needs of one worker, read in one go ([`Worker::pricing_at`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,37 +31,20 @@ impl Worker {
     #[inline]
     pub fn pricing_at(&self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Pricing {
         let oldest_rx = self.agg_oldest_rx.load(Acquire);
-        let fresh = !self.ranks.is_empty()
-            && oldest_rx != 0
-            && now.saturating_sub(oldest_rx) <= freshness_ms
-            && signal != LoadSignal::Inflight;
-        let queued_tokens = fresh.then(|| {
-            // What this router dispatched since the snapshot, but never more than its requests
-            // still open here: one that finished is not queued (with polled load, or a quiet
-            // engine, a snapshot can be older than a whole short request).
-            let since = self
-                .dispatched_tokens
-                .load(Relaxed)
-                .saturating_sub(self.agg_tokens_mark.load(Relaxed))
-                .min(self.inflight_tokens.load(Relaxed));
-            self.agg_backlog.load(Relaxed).max(0) as u64 + since
-        });
-        let inflight = self.inflight.load(Relaxed).max(0);
-        let engine_requests = fresh.then(|| {
-            let since = self
-                .dispatched
-                .load(Relaxed)
-                .saturating_sub(self.agg_mark.load(Relaxed));
-            let e = self.agg_requests.load(Relaxed);
-            inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))
-        });
-        Pricing {
-            queued_tokens,
-            us_per_token: f64::from_bits(self.agg_us_per_token_bits.load(Relaxed)),
-            kv_usage: f64::from_bits(self.agg_kv_usage_bits.load(Relaxed)),
-            inflight,
-            engine_requests,
+        let fresh = !self.ranks.is_empty() && fresh_at(oldest_rx, signal, freshness_ms, now);
+        Counters {
+            dispatched: &self.dispatched,
+            dispatch_mark: &self.agg_mark,
+            dispatched_tokens: &self.dispatched_tokens,
+            tokens_mark: &self.agg_tokens_mark,
+            inflight: &self.inflight,
+            inflight_tokens: &self.inflight_tokens,
+            requests: &self.agg_requests,
+            backlog: &self.agg_backlog,
+            us_per_token_bits: &self.agg_us_per_token_bits,
+            kv_usage_bits: &self.agg_kv_usage_bits,
         }
+        .price(fresh)
     }
 
     /// [`Worker::pricing_at`] for DP rank `rank` alone: its own backlog, fresh on its own, plus
@@ -78,30 +62,73 @@ impl Worker {
             return self.pricing_at(signal, freshness_ms, now);
         };
         let routed = r.routed();
-        let rx = r.received_ms();
-        let fresh =
-            rx != 0 && now.saturating_sub(rx) <= freshness_ms && signal != LoadSignal::Inflight;
-        let queued_tokens = fresh.then(|| {
-            let since = routed
+        Counters {
+            dispatched: &routed.dispatched,
+            dispatch_mark: &routed.dispatch_mark,
+            dispatched_tokens: &routed.dispatched_tokens,
+            tokens_mark: &routed.tokens_mark,
+            inflight: &routed.inflight,
+            inflight_tokens: &routed.inflight_tokens,
+            requests: &r.requests,
+            backlog: &r.backlog,
+            us_per_token_bits: &r.us_per_token_bits,
+            kv_usage_bits: &r.token_usage_bits,
+        }
+        .price(fresh_at(r.received_ms(), signal, freshness_ms, now))
+    }
+}
+
+/// Whether a snapshot received at `rx` (0: never) may be priced on at `now`.
+#[inline]
+fn fresh_at(rx: u64, signal: LoadSignal, freshness_ms: u64, now: u64) -> bool {
+    rx != 0 && now.saturating_sub(rx) <= freshness_ms && signal != LoadSignal::Inflight
+}
+
+/// The counters one price is read from: a worker's (its sums over ranks) or one rank's.
+struct Counters<'a> {
+    dispatched: &'a AtomicU64,
+    /// `dispatched` when the snapshot arrived.
+    dispatch_mark: &'a AtomicU64,
+    dispatched_tokens: &'a AtomicU64,
+    /// `dispatched_tokens` when the snapshot arrived.
+    tokens_mark: &'a AtomicU64,
+    inflight: &'a AtomicI64,
+    inflight_tokens: &'a AtomicU64,
+    requests: &'a AtomicI64,
+    backlog: &'a AtomicI64,
+    us_per_token_bits: &'a AtomicU64,
+    kv_usage_bits: &'a AtomicU64,
+}
+
+impl Counters<'_> {
+    #[inline]
+    fn price(self, fresh: bool) -> Pricing {
+        let inflight = self.inflight.load(Relaxed).max(0);
+        let (queued_tokens, engine_requests) = if fresh {
+            // What this router dispatched since the snapshot, but never more than its requests
+            // still open here: one that finished is not queued (with polled load, or a quiet
+            // engine, a snapshot can be older than a whole short request).
+            let since_tokens = self
                 .dispatched_tokens
                 .load(Relaxed)
-                .saturating_sub(routed.tokens_mark.load(Relaxed))
-                .min(routed.inflight_tokens.load(Relaxed));
-            r.backlog.load(Relaxed).max(0) as u64 + since
-        });
-        let inflight = routed.inflight().max(0);
-        let engine_requests = fresh.then(|| {
-            let since = routed
+                .saturating_sub(self.tokens_mark.load(Relaxed))
+                .min(self.inflight_tokens.load(Relaxed));
+            let since = self
                 .dispatched
                 .load(Relaxed)
-                .saturating_sub(routed.dispatch_mark.load(Relaxed));
-            let e = r.requests.load(Relaxed);
-            inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))
-        });
+                .saturating_sub(self.dispatch_mark.load(Relaxed));
+            let e = self.requests.load(Relaxed);
+            (
+                Some(self.backlog.load(Relaxed).max(0) as u64 + since_tokens),
+                Some(inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))),
+            )
+        } else {
+            (None, None)
+        };
         Pricing {
             queued_tokens,
-            us_per_token: f64::from_bits(r.us_per_token_bits.load(Relaxed)),
-            kv_usage: f64::from_bits(r.token_usage_bits.load(Relaxed)),
+            us_per_token: f64::from_bits(self.us_per_token_bits.load(Relaxed)),
+            kv_usage: f64::from_bits(self.kv_usage_bits.load(Relaxed)),
             inflight,
             engine_requests,
         }
