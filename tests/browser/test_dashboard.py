@@ -147,3 +147,59 @@ def test_dashboard_shows_every_worker_and_live_numbers(fleet):
         assert shot[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         d.close()
+
+
+@pytest.fixture
+def ranked_fleet():
+    """One engine of two DP ranks (each publishing its load and KV events) behind a router."""
+    procs = []
+    port, kv = free_port(), free_port_block(4)  # two KV ports, then the two-rank load range
+    procs.append(subprocess.Popen([BIN, "engine", "--port", str(port), "--dp-size", "2", "--time-scale", "2",
+                                   "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv}"}),
+                                   "--duration", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    engine = f"http://127.0.0.1:{port}"
+    wait_http(engine + "/health")
+    rport = free_port()
+    procs.append(subprocess.Popen([BIN, "route", "--port", str(rport), "--worker-urls", engine, "--duration", "120"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    router = f"http://127.0.0.1:{rport}"
+    wait_http(router + "/health")
+    yield router, engine
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def rank_rows(d: WebDriver) -> list:
+    script = """return Array.from(document.querySelectorAll('#rows tr.rank')).map(tr => ({
+        worker: tr.dataset.worker, rank: tr.dataset.rank, label: tr.children[0].textContent,
+        source: tr.children[6].textContent, blocks: tr.querySelector('.blocks').textContent}));"""
+    return d.cmd("POST", "/execute/sync", {"script": script, "args": []})
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMEDRIVER), reason="chromedriver not installed (scripts/test installs it)")
+def test_dashboard_shows_each_dp_rank_with_what_was_routed_to_it(ranked_fleet):
+    router, engine = ranked_fleet
+    d = WebDriver()
+    try:
+        d.cmd("POST", "/url", {"url": router + "/dashboard"})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            r = rank_rows(d)
+            if len(r) == 2 and all(x["source"] == "engine" for x in r):
+                break
+            time.sleep(0.2)
+        assert [x["rank"] for x in r] == ["0", "1"] and all(x["worker"] == engine for x in r), r
+        for i in range(6):
+            http("POST", router + "/v1/completions", {"prompt": f"session {i} " * 100, "max_tokens": 1}, timeout=60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            r = rank_rows(d)
+            routed = [int(x["label"].rsplit(" ", 1)[1]) for x in r if "routed" in x["label"]]
+            if sum(routed) == 6 and any(x["blocks"] not in ("–", "0") for x in r):
+                break
+            time.sleep(0.2)
+        assert sum(routed) == 6, r
+        assert any(x["blocks"] not in ("–", "0") for x in r), r
+    finally:
+        d.close()

@@ -149,9 +149,7 @@ impl View for FleetView<'_> {
     }
     #[inline]
     fn engine_requests(&self, i: usize) -> Option<i64> {
-        let l = self.load_on(i, LoadSignal::Engine);
-        (self.signal != LoadSignal::Inflight && l.source == crate::book::Source::Engine)
-            .then_some(l.requests)
+        self.pricing(i).engine_requests
     }
     #[inline]
     fn prefill_s_per_token(&self, i: usize) -> f64 {
@@ -162,5 +160,16 @@ impl View for FleetView<'_> {
     }
     fn inflight(&self, i: usize) -> i64 {
         self.pricing(i).inflight
+    }
+    #[inline]
+    fn price(&self, i: usize) -> crate::policy::Price {
+        let p = self.pricing(i);
+        crate::policy::Price {
+            queued_s: p.queued_tokens.map(|q| q as f64 * p.us_per_token / 1e6),
+            engine_requests: p.engine_requests,
+            s_per_token: p.us_per_token / 1e6,
+            kv_usage: p.kv_usage,
+            inflight: p.inflight,
+        }
     }
 }

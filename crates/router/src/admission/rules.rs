@@ -126,6 +126,9 @@ impl<V: View> View for Capped<'_, V> {
     fn inflight(&self, i: usize) -> i64 {
         self.inner.inflight(i)
     }
+    fn price(&self, i: usize) -> crate::policy::Price {
+        self.inner.price(i)
+    }
 }
 
 /// Why a request was refused (a label in `/metrics` and the 429's message).

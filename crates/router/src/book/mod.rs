@@ -335,6 +335,8 @@ impl Worker {
             out_of_range.get_or_insert(("total_prefill_uncached_tokens/total_prefill_busy_us", 0));
         } else {
             r.prefill.observe(prefill_tokens, prefill_us);
+            let us = r.prefill.us_per_token().unwrap_or(PRIOR_US_PER_TOKEN);
+            r.us_per_token_bits.store(us.to_bits(), Relaxed);
         }
         if let Some((field, max)) = out_of_range {
             self.refusals

@@ -2,7 +2,6 @@
 //! router's dispatches since the snapshot, in tokens), the measured prefill speed, KV usage and
 //! in-flight count. Lock-free: a handful of atomic loads, as [`Worker::load_at`].
 
-use super::prefill_rate::PRIOR_US_PER_TOKEN;
 use super::{LoadSignal, Worker};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
@@ -20,6 +19,9 @@ pub struct Pricing {
     pub kv_usage: f64,
     /// This router's open requests there.
     pub inflight: i64,
+    /// Requests there by its engine (running + waiting, plus this router's dispatches since the
+    /// snapshot, at least its open requests); `None` as `queued_tokens`.
+    pub engine_requests: Option<i64>,
 }
 
 impl Worker {
@@ -43,11 +45,21 @@ impl Worker {
                 .min(self.inflight_tokens.load(Relaxed));
             self.agg_backlog.load(Relaxed).max(0) as u64 + since
         });
+        let inflight = self.inflight.load(Relaxed).max(0);
+        let engine_requests = fresh.then(|| {
+            let since = self
+                .dispatched
+                .load(Relaxed)
+                .saturating_sub(self.agg_mark.load(Relaxed));
+            let e = self.agg_requests.load(Relaxed);
+            inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))
+        });
         Pricing {
             queued_tokens,
             us_per_token: f64::from_bits(self.agg_us_per_token_bits.load(Relaxed)),
             kv_usage: f64::from_bits(self.agg_kv_usage_bits.load(Relaxed)),
-            inflight: self.inflight.load(Relaxed).max(0),
+            inflight,
+            engine_requests,
         }
     }
 
@@ -77,11 +89,21 @@ impl Worker {
                 .min(routed.inflight_tokens.load(Relaxed));
             r.backlog.load(Relaxed).max(0) as u64 + since
         });
+        let inflight = routed.inflight().max(0);
+        let engine_requests = fresh.then(|| {
+            let since = routed
+                .dispatched
+                .load(Relaxed)
+                .saturating_sub(routed.dispatch_mark.load(Relaxed));
+            let e = r.requests.load(Relaxed);
+            inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))
+        });
         Pricing {
             queued_tokens,
-            us_per_token: r.prefill.us_per_token().unwrap_or(PRIOR_US_PER_TOKEN),
+            us_per_token: f64::from_bits(r.us_per_token_bits.load(Relaxed)),
             kv_usage: f64::from_bits(r.token_usage_bits.load(Relaxed)),
-            inflight: routed.inflight().max(0),
+            inflight,
+            engine_requests,
         }
     }
 }

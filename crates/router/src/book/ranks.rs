@@ -20,46 +20,55 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// One DP rank's latest report.
+///
+/// Laid out for the pick, which reads every rank of the fleet per request: what pricing a rank as
+/// a candidate reads sits in the first two cache lines (`repr(C)`, aligned to a line), the
+/// counters only `/workers` and `/metrics` read come after.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub struct RankState {
     /// The rank's number, as the engine names it.
     pub rank: usize,
     /// ms since the book's epoch when the last message arrived; 0 = never.
     pub(super) received_ms: AtomicU64,
     pub(super) requests: AtomicI64,
+    /// Prompt tokens waiting for prefill (`num_waiting_uncached_tokens`).
+    pub backlog: AtomicI64,
+    /// f64 bits of the KV token usage (0–1).
+    pub token_usage_bits: AtomicU64,
+    /// f64 bits of the measured µs per prefill token (the prior until measured): [`Self::prefill`]'s
+    /// figure, copied here by each message so the pick reads it beside the rest.
+    pub(super) us_per_token_bits: AtomicU64,
+    /// What this router routed to this rank by name (rank-routed candidates), as the worker's
+    /// counters do for the whole worker: dispatches, their uncached tokens, the open requests and
+    /// their tokens, and the rank's own counters when its last message arrived.
+    pub(super) routed: RankRouted,
     pub(super) tokens: AtomicI64,
     /// The worker's dispatch counter when that message arrived.
     pub(super) dispatch_mark: AtomicU64,
+    /// The worker's dispatched-token counter when that message arrived.
+    pub(super) tokens_mark: AtomicU64,
     pub last_seq: AtomicI64,
     pub messages: AtomicU64,
     pub gaps: AtomicU64,
     pub restarts: AtomicU64,
     pub running: AtomicI64,
     pub waiting: AtomicI64,
-    /// Prompt tokens waiting for prefill (`num_waiting_uncached_tokens`).
-    pub backlog: AtomicI64,
-    /// f64 bits of the KV token usage (0–1).
-    pub token_usage_bits: AtomicU64,
     /// The rank's measured prefill speed.
     pub prefill: PrefillRate,
-    /// The worker's dispatched-token counter when that message arrived.
-    pub(super) tokens_mark: AtomicU64,
-    /// What this router routed to this rank by name (rank-routed candidates), as the worker's
-    /// counters do for the whole worker: dispatches, their uncached tokens, the open requests and
-    /// their tokens, and the rank's own counters when its last message arrived.
-    pub(super) routed: RankRouted,
 }
 
 /// This router's accounting of the requests it routed to one rank by name.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct RankRouted {
     pub(super) dispatched: AtomicU64,
-    pub(super) dispatched_tokens: AtomicU64,
-    pub(super) inflight: AtomicI64,
-    pub(super) inflight_tokens: AtomicU64,
     /// `dispatched` and `dispatched_tokens` when the rank's last message arrived.
     pub(super) dispatch_mark: AtomicU64,
+    pub(super) dispatched_tokens: AtomicU64,
     pub(super) tokens_mark: AtomicU64,
+    pub(super) inflight: AtomicI64,
+    pub(super) inflight_tokens: AtomicU64,
     /// Requests routed here, their prompt tokens and how many of those the router believed cached
     /// here (shown per rank in `/workers` and `/metrics`).
     pub requests_total: AtomicU64,
@@ -100,6 +109,7 @@ impl RankState {
             waiting: AtomicI64::new(0),
             backlog: AtomicI64::new(0),
             token_usage_bits: AtomicU64::new(0),
+            us_per_token_bits: AtomicU64::new(super::prefill_rate::PRIOR_US_PER_TOKEN.to_bits()),
             prefill: PrefillRate::default(),
             tokens_mark: AtomicU64::new(0),
             routed: RankRouted::default(),

@@ -70,10 +70,8 @@ pub(crate) struct WorkerEntry {
 impl WorkerEntry {
     /// The streams of a candidate: rank `rank`'s, or every rank's for the whole worker.
     pub(crate) fn of(&self, rank: Option<u32>) -> impl Iterator<Item = &RankEntry> + '_ {
-        let one = rank.map(|r| match self.ranks.get(r as usize) {
-            Some(e) if e.stats.rank == r => Some(e),
-            _ => self.ranks.iter().find(|e| e.stats.rank == r),
-        });
+        // Rank r's stream sits at index r ([`CacheBook::register`] gives ranks 0..n).
+        let one = rank.map(|r| self.ranks.get(r as usize));
         let all = rank
             .is_none()
             .then(|| self.ranks.iter())
@@ -396,10 +394,21 @@ impl CacheBook {
                         e
                     }
                 };
-                if let Some(e) = e {
-                    let best = e.of(c.rank).map(|r| s.depth[r.slot as usize]).max();
-                    *o = u64::from(best.unwrap_or(0)) * page_size;
-                }
+                let Some(e) = e else { continue };
+                let held = match c.rank {
+                    // Rank r's stream sits at index r ([`CacheBook::register`] gives ranks 0..n).
+                    Some(r) => e
+                        .ranks
+                        .get(r as usize)
+                        .map_or(0, |re| s.depth[re.slot as usize]),
+                    None => e
+                        .ranks
+                        .iter()
+                        .map(|re| s.depth[re.slot as usize])
+                        .max()
+                        .unwrap_or(0),
+                };
+                *o = u64::from(held) * page_size;
             }
             for &(slot, _) in &s.matches {
                 if let Some(d) = s.depth.get_mut(slot as usize) {

@@ -59,37 +59,52 @@ impl Default for MinTtft {
 
 impl MinTtft {
     /// The predicted seconds to this request's first token on worker `i`.
+    #[inline]
     pub fn predicted_ttft_s(&self, view: &impl View, i: usize) -> f64 {
-        let s_tok = view.prefill_s_per_token(i);
+        let p = view.price(i);
+        let s_tok = p.s_per_token;
         let prompt = match view.prompt_tokens() {
             0 => DISPATCH_TOKENS_GUESS as u64,
             p => p,
         };
         let uncached = prompt - view.cached_tokens(i).min(prompt);
-        let queued_s = match (view.queued_prefill_s(i), view.engine_requests(i)) {
+        let queued_s = match (p.queued_s, p.engine_requests) {
             (Some(q), Some(r)) => q + r.max(0) as f64 * self.per_request_tokens * s_tok,
             _ => {
-                let f = view.inflight(i).max(0) as f64;
+                let f = p.inflight.max(0) as f64;
                 f * (DISPATCH_TOKENS_GUESS as f64 + self.per_request_tokens) * s_tok
             }
         };
-        let over = (view.kv_usage(i) - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
+        let over = (p.kv_usage - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
         let kv_penalty = self.kv_pressure_s * over.clamp(0.0, 1.0);
         queued_s + uncached as f64 * s_tok + kv_penalty
     }
 
-    /// The chosen worker, or `None` when none is available.
+    /// The chosen worker, or `None` when none is available. Each candidate is priced once: the
+    /// prices of up to [`PRICED_ON_STACK`] candidates are kept on the stack for the tie draw
+    /// (beyond that, the tie pass prices again), so a pick allocates nothing.
     pub fn pick(&self, view: &impl View, entropy: u64) -> Option<usize> {
         let n = view.len();
+        let mut prices = [f64::INFINITY; PRICED_ON_STACK];
         let mut best = f64::INFINITY;
-        for i in (0..n).filter(|&i| view.available(i)) {
-            best = best.min(self.predicted_ttft_s(view, i));
+        for i in 0..n {
+            if !view.available(i) {
+                continue;
+            }
+            let t = self.predicted_ttft_s(view, i);
+            if let Some(slot) = prices.get_mut(i) {
+                *slot = t;
+            }
+            best = best.min(t);
         }
         if !best.is_finite() {
             return (0..n).find(|&i| view.available(i)); // no price (NaN input): any available
         }
         let band = best + (best * self.tie_rel).max(self.tie_abs_s);
-        let within = |i: usize| view.available(i) && self.predicted_ttft_s(view, i) <= band;
+        let within = |i: usize| match prices.get(i) {
+            Some(&t) => t <= band, // unavailable candidates kept +inf
+            None => view.available(i) && self.predicted_ttft_s(view, i) <= band,
+        };
         // Reservoir sampling over the ties: each is drawn with equal chance, with no allocation.
         let mut chosen = None;
         let mut seen = 0u64;
@@ -102,3 +117,6 @@ impl MinTtft {
         chosen
     }
 }
+
+/// Candidates whose prices a pick keeps on the stack (8 KiB).
+pub const PRICED_ON_STACK: usize = 1024;

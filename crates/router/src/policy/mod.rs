@@ -63,6 +63,33 @@ pub trait View {
     fn inflight(&self, _i: usize) -> i64 {
         0
     }
+    /// Everything a cost policy reads of worker `i`, in one call: a view that can read it in one
+    /// go (the fleet's, per rank) overrides this, which composes the calls above.
+    #[inline]
+    fn price(&self, i: usize) -> Price {
+        Price {
+            queued_s: self.queued_prefill_s(i),
+            engine_requests: self.engine_requests(i),
+            s_per_token: self.prefill_s_per_token(i),
+            kv_usage: self.kv_usage(i),
+            inflight: self.inflight(i),
+        }
+    }
+}
+
+/// What [`View::price`] returns: the pricing inputs of one candidate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    /// [`View::queued_prefill_s`].
+    pub queued_s: Option<f64>,
+    /// [`View::engine_requests`].
+    pub engine_requests: Option<i64>,
+    /// [`View::prefill_s_per_token`].
+    pub s_per_token: f64,
+    /// [`View::kv_usage`].
+    pub kv_usage: f64,
+    /// [`View::inflight`].
+    pub inflight: i64,
 }
 
 /// A routing policy and its parameters (`Copy`: it travels in the router's config).
