@@ -82,7 +82,7 @@ fn fleet(holders: usize) -> (Vec<Arc<Worker>>, CacheBook, Vec<i64>) {
                     },
                 );
                 let every = WORKERS * RANKS / holders;
-                if k % every == 0 {
+                if k.is_multiple_of(every) {
                     let depth = (k * BLOCKS / (WORKERS * RANKS)).max(1);
                     book.apply(*id, &batch(&prompt[..depth]));
                 }

@@ -169,12 +169,9 @@ pub enum RankField {
     None,
 }
 
-/// The header SGLang's OpenAI routes read a routed rank from.
-pub const RANK_HEADER: &str = "x-data-parallel-rank";
-/// The body field SGLang 0.5.23 reads a routed rank from (`data_parallel_rank` is its old name).
-pub const RANK_BODY_FIELD: &str = "routed_dp_rank";
-/// The deprecated spelling SGLang still accepts in the body.
-pub const RANK_BODY_ALIAS: &str = "data_parallel_rank";
+pub use loadlink_wire::routed_rank::{
+    RANK_ALIAS as RANK_BODY_ALIAS, RANK_FIELD as RANK_BODY_FIELD, RANK_HEADER,
+};
 
 impl RankField {
     pub fn parse(s: &str) -> Result<Self, String> {

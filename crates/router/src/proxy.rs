@@ -247,7 +247,7 @@ pub async fn forward(
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
     };
     let cfg = &st.cfg;
-    let client_rank = match ClientRank::of(&headers, &body) {
+    let client_rank = match ClientRank::of(uri.path(), &headers, &body) {
         Ok(r) => r,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
     };

@@ -8,75 +8,60 @@
 //! * **What a client may name itself.** A client that sends its own rank (the header, or
 //!   `routed_dp_rank` / `data_parallel_rank` in the body) pins the request to it: the router then
 //!   picks among that rank's candidates (and whole workers) and adds nothing, and the client's
-//!   header travels as it came. As in SGLang, the header wins over the body. The body is parsed for
-//!   this only when one of the two keys appears in it.
+//!   header travels as it came. It is read exactly as the engine reads it (header on the OpenAI
+//!   routes only, winning over the body; pydantic's lax integers there, a plain JSON integer in
+//!   `/generate`'s `routed_dp_rank`), by the same code ([`loadlink_wire::routed_rank`]). The body is
+//!   parsed for this only when one of the two keys appears in it.
 
 use crate::candidate::{RANK_BODY_ALIAS, RANK_BODY_FIELD, RANK_HEADER};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
+use loadlink_wire::routed_rank::{body_rank, header_rank, requested};
 use serde_json::Value;
 
-/// A rank the client named for its request.
+/// A rank the client named for its request, read as the engine will read it
+/// ([`loadlink_wire::routed_rank`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ClientRank {
-    pub header: Option<u32>,
-    pub body: Option<u32>,
-}
+pub struct ClientRank(Option<u32>);
 
 impl ClientRank {
-    /// What `headers` and `body` name; an unreadable header or field is an error naming it.
-    pub fn of(headers: &HeaderMap, body: &[u8]) -> Result<Self, String> {
-        let header = match headers.get(RANK_HEADER) {
+    /// What a request to `path` with `headers` and `body` names: the header on the OpenAI routes
+    /// (it wins), else `routed_dp_rank` / `data_parallel_rank` in the body. A value the engine
+    /// would refuse is an error naming it (the engine's 400, answered by the router).
+    pub fn of(path: &str, headers: &HeaderMap, body: &[u8]) -> Result<Self, String> {
+        let openai = path.starts_with("/v1/");
+        let header = match headers.get(RANK_HEADER).filter(|_| openai) {
+            Some(v) => Some(header_rank(v.as_bytes())?),
             None => None,
-            Some(v) => Some(
-                v.to_str()
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u32>().ok())
-                    .ok_or_else(|| {
-                        format!(
-                            "header X-Data-Parallel-Rank: expected a non-negative integer, got {:?}",
-                            String::from_utf8_lossy(v.as_bytes())
-                        )
-                    })?,
-            ),
         };
-        Ok(ClientRank {
-            header,
-            body: body_rank(body)?,
-        })
+        let body = match names_a_rank(body) {
+            true => match serde_json::from_slice::<Value>(body) {
+                Ok(Value::Object(m)) => body_rank(path == "/generate", &m)?,
+                _ => None, // not a JSON object: the engine answers for it
+            },
+            false => None,
+        };
+        match requested(openai, header, body) {
+            None => Ok(ClientRank(None)),
+            Some(r) => u32::try_from(r)
+                .map(|r| ClientRank(Some(r)))
+                .map_err(|_| format!("routed_dp_rank={r} out of range: a DP rank is 0 or more")),
+        }
     }
 
-    /// The rank the engine will take: the header's, else the body's.
+    /// The rank the engine will take.
     pub fn rank(&self) -> Option<u32> {
-        self.header.or(self.body)
+        self.0
     }
 }
 
-/// `routed_dp_rank` (else `data_parallel_rank`) of a JSON object body; `None` when absent or null.
-fn body_rank(body: &[u8]) -> Result<Option<u32>, String> {
+/// Whether either rank key appears in `body` (the body is parsed only then).
+fn names_a_rank(body: &[u8]) -> bool {
     let named = |key: &str| {
         body.windows(key.len() + 1)
             .any(|w| &w[..key.len()] == key.as_bytes() && w[key.len()] == b'"')
     };
-    if !named(RANK_BODY_FIELD) && !named(RANK_BODY_ALIAS) {
-        return Ok(None);
-    }
-    let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(body) else {
-        return Ok(None); // not a JSON object: the engine answers for it
-    };
-    for key in [RANK_BODY_FIELD, RANK_BODY_ALIAS] {
-        match m.get(key) {
-            None | Some(Value::Null) => continue,
-            Some(v) => {
-                return v
-                    .as_u64()
-                    .and_then(|r| u32::try_from(r).ok())
-                    .map(Some)
-                    .ok_or_else(|| format!("{key}: expected a non-negative integer, got {v}"));
-            }
-        }
-    }
-    Ok(None)
+    named(RANK_BODY_FIELD) || named(RANK_BODY_ALIAS)
 }
 
 /// `body` with `"routed_dp_rank":rank` as its first member; `None` when it is not a JSON object.
@@ -127,27 +112,41 @@ mod tests {
     }
 
     #[test]
-    fn a_client_rank_comes_from_the_header_first_then_either_body_field() {
+    fn a_client_rank_is_read_as_the_engine_reads_it() {
+        let of = |path, h: &HeaderMap, body: &[u8]| ClientRank::of(path, h, body);
         let mut h = HeaderMap::new();
+        let c = "/v1/completions";
         let body = br#"{"prompt":"x","data_parallel_rank":2}"#;
-        assert_eq!(ClientRank::of(&h, body).unwrap().rank(), Some(2));
-        let body = br#"{"routed_dp_rank":1,"data_parallel_rank":2}"#;
-        assert_eq!(ClientRank::of(&h, body).unwrap().rank(), Some(1));
-        h.insert(RANK_HEADER, "5".parse().unwrap());
-        assert_eq!(ClientRank::of(&h, body).unwrap().rank(), Some(5));
+        assert_eq!(of(c, &h, body).unwrap().rank(), Some(2));
+        let body = br#"{"routed_dp_rank":"1","data_parallel_rank":2}"#;
+        assert_eq!(
+            of(c, &h, body).unwrap().rank(),
+            Some(1),
+            "lax on the OpenAI routes"
+        );
+        assert!(
+            of("/generate", &h, body)
+                .unwrap_err()
+                .contains("a JSON integer")
+        );
+        h.insert(RANK_HEADER, " 5 ".parse().unwrap());
+        assert_eq!(of(c, &h, body).unwrap().rank(), Some(5), "the header wins");
+        let generate = br#"{"text":"x","routed_dp_rank":1}"#;
+        assert_eq!(
+            of("/generate", &h, generate).unwrap().rank(),
+            Some(1),
+            "/generate: no header"
+        );
         h.insert(RANK_HEADER, "five".parse().unwrap());
-        let e = ClientRank::of(&h, body).unwrap_err();
+        let e = of(c, &h, body).unwrap_err();
         assert!(
             e.contains("X-Data-Parallel-Rank") && e.contains("five"),
             "{e}"
         );
         let h = HeaderMap::new();
-        let e = ClientRank::of(&h, br#"{"routed_dp_rank":-1}"#).unwrap_err();
-        assert!(
-            e.contains("routed_dp_rank: expected a non-negative integer"),
-            "{e}"
-        );
+        let e = of(c, &h, br#"{"routed_dp_rank":-1}"#).unwrap_err();
+        assert!(e.contains("routed_dp_rank=-1 out of range"), "{e}");
         let none = br#"{"prompt":"mentions routed_dp_rank in text","routed_dp_rank":null}"#;
-        assert_eq!(ClientRank::of(&h, none).unwrap().rank(), None);
+        assert_eq!(of(c, &h, none).unwrap().rank(), None);
     }
 }

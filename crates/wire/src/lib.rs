@@ -30,6 +30,7 @@ pub mod polled;
 pub mod ports;
 pub mod prom;
 pub mod prompt;
+pub mod routed_rank;
 mod sections;
 pub mod shm;
 pub mod snapshot;

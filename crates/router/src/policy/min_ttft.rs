@@ -86,7 +86,7 @@ impl MinTtft {
     pub fn pick(&self, view: &impl View, entropy: u64) -> Option<usize> {
         let n = view.len();
         let mut prices = [f64::INFINITY; PRICED_ON_STACK];
-        let mut best = f64::INFINITY;
+        let (mut best, mut best_i) = (f64::INFINITY, None);
         for i in 0..n {
             if !view.available(i) {
                 continue;
@@ -95,7 +95,9 @@ impl MinTtft {
             if let Some(slot) = prices.get_mut(i) {
                 *slot = t;
             }
-            best = best.min(t);
+            if t < best {
+                (best, best_i) = (t, Some(i));
+            }
         }
         if !best.is_finite() {
             return (0..n).find(|&i| view.available(i)); // no price (NaN input): any available
@@ -114,7 +116,9 @@ impl MinTtft {
                 chosen = Some(i);
             }
         }
-        chosen
+        // Beyond the stack the tie pass prices again, and a price that moved meanwhile (a
+        // snapshot or a dispatch in between) can leave the band empty: the best stands then.
+        chosen.or(best_i)
     }
 }
 
