@@ -8,6 +8,10 @@
 //! calibrated on the prompt tokens engines still compute when routing ignores the caches
 //! ([`blind_reuse`]), so "85% load" is 85% of what a cache-blind fleet sustains: the baseline a
 //! cache-aware router must beat.
+//!
+//! S5 is S3's mix on 8 schedulers, run as 8 one-rank engines and as 2 engines of 4 DP ranks, routed
+//! per rank and whole ([`ranks`]). Calibration counts schedulers (engines × ranks), so both fleets
+//! get the same arrivals.
 
 use crate::sim::{
     CacheView, DirectTarget, LoadDelivery, Outcome, QueueStats, RankRouting, SimConfig, SimRouter,
@@ -52,7 +56,7 @@ pub enum Workload {
     Prefix(Vec<(f64, Shape)>),
 }
 
-pub const NAMES: [&str; 5] = ["s0", "s1", "s2", "s3", "s4"];
+pub const NAMES: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
 
 impl Scenario {
     /// Schedulers over the fleet: what the offered load is calibrated on.
@@ -61,7 +65,7 @@ impl Scenario {
     }
 }
 
-/// The named scenario (`s0`–`s4`, in either case).
+/// The named scenario (`s0`–`s5`, in either case).
 pub fn by_name(name: &str) -> Result<Scenario, String> {
     let model = ModelConfig {
         max_running_requests: 64,
@@ -105,6 +109,14 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             name: "s3",
             about: "S1 with prefix reuse: half multi-turn chat sessions (5 turns), half shared \
                     system prompts (16 tenants, Zipf 1.1); 85% of cache-blind capacity",
+            workload: s3_mix,
+            ..s1
+        }),
+        "s5" => Ok(Scenario {
+            name: "s5",
+            about: "S3's mix on 8 schedulers (2 routers, 25% direct): 8 engines × 1 rank, or 2 \
+                    engines × 4 DP ranks routed per rank or whole; 85% of cache-blind capacity",
+            engines: 8,
             workload: s3_mix,
             ..s1
         }),
@@ -219,7 +231,7 @@ pub fn arrivals(s: &Scenario, seed: u64, load: f64) -> Vec<Arrival> {
     }
 }
 
-/// The arrivals a name stands for: a scenario (`s0`–`s4`, at `load` or its own, over `duration_s`
+/// The arrivals a name stands for: a scenario (`s0`–`s5`, at `load` or its own, over `duration_s`
 /// or its own) or a prefix shape (`chat`, `shared-system`, `generated-shared-prefix`,
 /// `hot-prefix`, with its defaults, at `rate` requests/s, default 10, over `duration_s`, default
 /// 600).
@@ -388,5 +400,6 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
     }
 }
 
+pub mod ranks;
 #[cfg(test)]
 mod tests;
