@@ -8,9 +8,13 @@
 //! calibrated on the prompt tokens engines still compute when routing ignores the caches
 //! ([`blind_reuse`]), so "85% load" is 85% of what a cache-blind fleet sustains: the baseline a
 //! cache-aware router must beat.
+//!
+//! S5 is S3's mix on 8 schedulers, run as 8 one-rank engines and as 2 engines of 4 DP ranks, routed
+//! per rank and whole ([`ranks`]). Calibration counts schedulers (engines × ranks), so both fleets
+//! get the same arrivals.
 
 use crate::sim::{
-    CacheView, DirectTarget, LoadDelivery, Outcome, QueueStats, SimConfig, SimRouter,
+    CacheView, DirectTarget, LoadDelivery, Outcome, QueueStats, RankRouting, SimConfig, SimRouter,
     simulate_with_queues,
 };
 use crate::workload::{
@@ -28,6 +32,8 @@ pub struct Scenario {
     pub name: &'static str,
     pub about: &'static str,
     pub engines: usize,
+    /// DP ranks per engine, each a scheduler of its own (1: none).
+    pub ranks: usize,
     pub routers: usize,
     pub direct_fraction: f64,
     pub direct: DirectTarget,
@@ -50,8 +56,16 @@ pub enum Workload {
     Prefix(Vec<(f64, Shape)>),
 }
 
-pub const NAMES: [&str; 5] = ["s0", "s1", "s2", "s3", "s4"];
+pub const NAMES: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
 
+impl Scenario {
+    /// Schedulers over the fleet: what the offered load is calibrated on.
+    pub fn schedulers(&self) -> usize {
+        self.engines * self.ranks.max(1)
+    }
+}
+
+/// The named scenario (`s0`–`s5`, in either case).
 pub fn by_name(name: &str) -> Result<Scenario, String> {
     let model = ModelConfig {
         max_running_requests: 64,
@@ -61,6 +75,7 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
         name: "s1",
         about: "4 engines, 2 routers, 25% direct (uniform), streaming, 85% load, log-normal lengths",
         engines: 4,
+        ranks: 1,
         routers: 2,
         direct_fraction: 0.25,
         direct: DirectTarget::Uniform,
@@ -71,7 +86,11 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
         workload: Workload::Lengths,
         delivery: LoadDelivery::Push,
     };
-    match name {
+    let s3_mix = Workload::Prefix(vec![
+        (0.5, Shape::Chat(ChatSessions::default())),
+        (0.5, Shape::SharedSystem(SharedSystem::default())),
+    ]);
+    match name.to_ascii_lowercase().as_str() {
         "s1" => Ok(s1),
         "s0" => Ok(Scenario {
             name: "s0",
@@ -90,10 +109,15 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             name: "s3",
             about: "S1 with prefix reuse: half multi-turn chat sessions (5 turns), half shared \
                     system prompts (16 tenants, Zipf 1.1); 85% of cache-blind capacity",
-            workload: Workload::Prefix(vec![
-                (0.5, Shape::Chat(ChatSessions::default())),
-                (0.5, Shape::SharedSystem(SharedSystem::default())),
-            ]),
+            workload: s3_mix,
+            ..s1
+        }),
+        "s5" => Ok(Scenario {
+            name: "s5",
+            about: "S3's mix on 8 schedulers (2 routers, 25% direct): 8 engines × 1 rank, or 2 \
+                    engines × 4 DP ranks routed per rank or whole; 85% of cache-blind capacity",
+            engines: 8,
+            workload: s3_mix,
             ..s1
         }),
         "s4" => Ok(Scenario {
@@ -135,7 +159,7 @@ pub fn workload_spec(s: &Scenario, seed: u64, load: f64) -> WorkloadSpec {
         stream_fraction: 1.0,
         direct_fraction: s.direct_fraction,
     };
-    w.rate = load * s.engines as f64 * engine_capacity(&s.model, &w);
+    w.rate = load * s.schedulers() as f64 * engine_capacity(&s.model, &w);
     w
 }
 
@@ -182,9 +206,9 @@ pub fn blind_estimate(s: &Scenario, seed: u64) -> Option<ReuseEstimate> {
     let Workload::Prefix(parts) = &s.workload else {
         return None;
     };
-    let probe_rate = PROBE_RATE_PER_ENGINE * s.engines as f64;
+    let probe_rate = PROBE_RATE_PER_ENGINE * s.schedulers() as f64;
     let probe = generate_mix(&prefix_traffic(s, seed, probe_rate), parts);
-    Some(blind_reuse(&probe, s.engines, s.model.page_size, seed))
+    Some(blind_reuse(&probe, s.schedulers(), s.model.page_size, seed))
 }
 
 /// The offered requests/s at `load`: nominal capacity for unique prompts; for prefix workloads,
@@ -192,7 +216,7 @@ pub fn blind_estimate(s: &Scenario, seed: u64) -> Option<ReuseEstimate> {
 pub fn offered_rate(s: &Scenario, seed: u64, load: f64) -> f64 {
     match blind_estimate(s, seed) {
         None => workload_spec(s, seed, load).rate,
-        Some(reuse) => load * s.engines as f64 * cached_engine_capacity(&s.model, &reuse),
+        Some(reuse) => load * s.schedulers() as f64 * cached_engine_capacity(&s.model, &reuse),
     }
 }
 
@@ -207,7 +231,7 @@ pub fn arrivals(s: &Scenario, seed: u64, load: f64) -> Vec<Arrival> {
     }
 }
 
-/// The arrivals a name stands for: a scenario (`s0`–`s4`, at `load` or its own, over `duration_s`
+/// The arrivals a name stands for: a scenario (`s0`–`s5`, at `load` or its own, over `duration_s`
 /// or its own) or a prefix shape (`chat`, `shared-system`, `generated-shared-prefix`,
 /// `hot-prefix`, with its defaults, at `rate` requests/s, default 10, over `duration_s`, default
 /// 600).
@@ -355,10 +379,13 @@ pub fn run_admitted(
 }
 
 /// The simulator's configuration for variant `v` on the scenario's fleet (the one place a
-/// scenario's fixed settings — freshness, network delay, publish cadence — are written).
+/// scenario's fixed settings — freshness, network delay, publish cadence — are written). Ranks of
+/// multi-rank engines are routed per rank, as `loadlink route` does by default.
 pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>) -> SimConfig {
     SimConfig {
         engines: vec![s.model; s.engines],
+        ranks: s.ranks.max(1),
+        rank_routing: RankRouting::PerRank,
         routers: s.routers,
         router: v.router,
         signal: v.signal,
@@ -373,5 +400,6 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
     }
 }
 
+pub mod ranks;
 #[cfg(test)]
 mod tests;

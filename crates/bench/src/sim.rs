@@ -14,7 +14,10 @@
 //!   records what it dispatched in its own approximate tree ([`cache`]); the variant's
 //!   [`CacheView`] says which of them the policy's view reads;
 //! * the [`clairvoyant`] router instead forks every engine's scheduler and sends each request where
-//!   its first token comes soonest.
+//!   its first token comes soonest;
+//! * an engine of several DP ranks is that many schedulers, each publishing on its own; a request
+//!   without a rank goes through the engine's dispatcher ([`ranks`]). Everything per engine above
+//!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank.
 
 pub mod admission;
 mod cache;
@@ -24,10 +27,12 @@ mod engine;
 mod events;
 mod outcome;
 mod queues;
+mod ranks;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, quantile};
+pub use ranks::RankRouting;
 
 use crate::workload::Arrival;
 use admission::{AdmissionQueue, QUEUE_POLL_S, Refused};
@@ -37,11 +42,13 @@ use events::{Ev, Item};
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
 use loadlink_router::admission::{AdmissionConfig, Gate};
+use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
 use loadlink_wire::kv_events::page_hashes;
 use queues::QueueSamples;
+use ranks::{Dispatcher, Layout};
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -69,6 +76,10 @@ pub enum DirectTarget {
 pub struct SimConfig {
     /// One model config per engine (heterogeneous fleets allowed).
     pub engines: Vec<ModelConfig>,
+    /// DP ranks per engine, each its own scheduler of the engine's model config (1: none).
+    pub ranks: usize,
+    /// Whether the routers route to ranks or to whole engines.
+    pub rank_routing: RankRouting,
     pub routers: usize,
     pub router: SimRouter,
     pub signal: LoadSignal,
@@ -91,7 +102,8 @@ pub struct SimConfig {
 
 struct Req {
     arrived: f64,
-    engine: usize,
+    /// The scheduler (rank unit) that served it.
+    unit: usize,
     first: Option<f64>,
     done: Option<f64>,
     guard: Option<InflightGuard>,
@@ -102,10 +114,16 @@ struct Sim<'a> {
     arrivals: &'a [Arrival],
     heap: BinaryHeap<Item>,
     order: u64,
+    layout: Layout,
+    /// Every rank of every engine, engine-major ([`Layout`]); events name these units.
     engines: Vec<SimEngine>,
+    /// Per engine: its dispatcher for requests that name no rank.
+    dispatchers: Vec<Dispatcher>,
     books: Vec<Vec<Arc<Worker>>>,
+    /// The routers' candidates over a replica's book (empty: one per engine).
+    candidates: Vec<Candidate>,
     caches: Vec<RouterCache>,
-    /// Scratch for one pick: per engine, the request's cached tokens and the cache's size.
+    /// Scratch for one pick: per candidate, the request's cached tokens and the cache's size.
     cached: Vec<u64>,
     sizes: Vec<u64>,
     reqs: Vec<Req>,
@@ -153,6 +171,7 @@ impl Sim<'_> {
             }
         }
         let sent: Vec<_> = self.engines[e].take_sent().collect();
+        self.dispatcher_reads(e, &sent);
         for s in self.held_for_polls(e, sent) {
             for r in 0..self.cfg.routers {
                 self.push(
@@ -198,7 +217,8 @@ impl Sim<'_> {
                     seq,
                     snap,
                 } => {
-                    self.books[router][engine].record_at(0, seq, &snap, ms(t));
+                    let (e, rank) = (self.layout.engine_of(engine), self.layout.rank_of(engine));
+                    self.books[router][e].record_at(rank, seq, &snap, ms(t));
                 }
                 Ev::Kv {
                     router,
@@ -300,30 +320,31 @@ impl Sim<'_> {
     fn arrive(&mut self, i: usize, t: f64) {
         let a = &self.arrivals[i];
         let submit = self.submit_of(i);
-        let n = self.engines.len();
-        let engine = if a.direct {
-            match self.cfg.direct {
+        let n = self.layout.engines;
+        let unit = if a.direct {
+            let worker = match self.cfg.direct {
                 DirectTarget::Pinned => 0,
-                DirectTarget::Uniform => (mix(i as u64 ^ 0xd1ec7) % n as u64) as usize,
-            }
+                DirectTarget::Uniform => (mix(i as u64 ^ 0xd1ec7) % n as u64) as u32,
+            };
+            self.unit_for(Candidate { worker, rank: None })
         } else {
             match self.route(i, &submit, t, true) {
                 Some(pick) => pick,
                 None => return,
             }
         };
-        self.start(i, engine, submit, t);
+        self.start(i, unit, submit, t);
     }
 
-    /// Request `i` goes to `engine` at `t` (its TTFT still counts from its arrival).
-    fn start(&mut self, i: usize, engine: usize, submit: Submit, t: f64) {
-        self.reqs[i].engine = engine;
+    /// Request `i` goes to scheduler `unit` at `t` (its TTFT still counts from its arrival).
+    fn start(&mut self, i: usize, unit: usize, submit: Submit, t: f64) {
+        self.reqs[i].unit = unit;
         self.out.submitted += 1;
-        let started = self.engines[engine].arrive(submit, t);
-        self.advance(engine, t, started);
+        let started = self.engines[unit].arrive(submit, t);
+        self.advance(unit, t, started);
     }
 
-    /// The routed request `i`'s engine, picked by its router replica (or the clairvoyant); holds
+    /// The routed request `i`'s scheduler, picked by its router replica (or the clairvoyant); holds
     /// the in-flight guard and records the dispatch in the replica's approximate tree. `None`: not
     /// sent now (refused by admission: rejected, or queued when it is a new `arrival`).
     fn route(&mut self, i: usize, submit: &Submit, t: f64, arrival: bool) -> Option<usize> {
@@ -353,8 +374,10 @@ impl Sim<'_> {
             std::mem::take(&mut self.cached),
             std::mem::take(&mut self.sizes),
         );
-        self.caches[r].lookup(&chain, ms(t), self.engines.len(), &mut cached, &mut sizes);
+        let targets = Candidates::listed(&self.books[r], &self.candidates);
+        self.caches[r].lookup(&chain, ms(t), targets, &mut cached, &mut sizes);
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
+            .with_candidates(&self.candidates)
             .with_prefix(submit.prompt_tokens, &cached)
             .with_cache_sizes(&sizes);
         view.now_ms = ms(t);
@@ -383,21 +406,21 @@ impl Sim<'_> {
             }
             return None;
         }
-        if let Some(pick) = pick {
-            let w = self.books[r][pick].clone();
+        let picked = pick.map(|p| (p, view.targets.get(p), view.load_of(p).source));
+        let mut unit = None;
+        if let Some((p, c, source)) = picked {
+            let w = self.books[r][c.worker as usize].clone();
             self.out.decisions += 1;
-            if w.load_at(self.cfg.signal, self.cfg.freshness_ms, ms(t))
-                .source
-                == Source::Fallback
-            {
+            if source == Source::Fallback {
                 self.out.fallback_decisions += 1;
             }
-            let uncached = submit.prompt_tokens.saturating_sub(cached[pick]);
-            self.reqs[i].guard = Some(InflightGuard::with_tokens(w, uncached));
-            self.caches[r].dispatched(pick, &chain, ms(t));
+            let uncached = submit.prompt_tokens.saturating_sub(cached[p]);
+            self.reqs[i].guard = Some(InflightGuard::to_target(w, c.rank, uncached));
+            self.caches[r].dispatched(c, &chain, ms(t));
+            unit = Some(self.unit_for(c));
         }
         (self.cached, self.sizes) = (cached, sizes);
-        pick
+        unit
     }
 }
 
@@ -413,10 +436,14 @@ pub fn simulate_with_queues(
     horizon_s: f64,
 ) -> (Outcome, QueueStats) {
     let epoch = Instant::now();
-    let books = (0..cfg.routers.max(1))
+    let layout = Layout::new(cfg.engines.len(), cfg.ranks);
+    let books: Vec<Vec<_>> = (0..cfg.routers.max(1))
         .map(|_| {
-            (0..cfg.engines.len())
-                .map(|e| Arc::new(Worker::new(format!("sim://engine{e}"), 1, None, epoch)))
+            (0..layout.engines)
+                .map(|e| {
+                    let url = format!("sim://engine{e}");
+                    Arc::new(Worker::new(url, layout.ranks, None, epoch))
+                })
                 .collect()
         })
         .collect();
@@ -425,18 +452,21 @@ pub fn simulate_with_queues(
         arrivals,
         heap: BinaryHeap::new(),
         order: 0,
-        engines: cfg
-            .engines
-            .iter()
-            .enumerate()
-            .map(|(e, m)| SimEngine::new(e as u32, *m, cfg.publish_point, cfg.publish_every))
+        layout,
+        engines: (0..layout.units())
+            .map(|u| {
+                let (m, rank) = (cfg.engines[layout.engine_of(u)], layout.rank_of(u));
+                SimEngine::new(rank as u32, m, cfg.publish_point, cfg.publish_every)
+            })
             .collect(),
+        dispatchers: vec![Dispatcher::new(layout.ranks); layout.engines],
+        candidates: cfg.rank_routing.candidates(&books[0]),
         books,
         caches: (0..cfg.routers.max(1))
             .map(|_| {
                 let m = cfg.engines.first().copied().unwrap_or_default();
                 let pages = (m.max_total_tokens as usize / m.page_size.max(1)).max(1);
-                RouterCache::new(cfg.cache, m.page_size, pages)
+                RouterCache::new(cfg.cache, m.page_size, pages, layout)
             })
             .collect(),
         cached: Vec::new(),
@@ -445,7 +475,7 @@ pub fn simulate_with_queues(
             .iter()
             .map(|a| Req {
                 arrived: a.t,
-                engine: 0,
+                unit: 0,
                 first: None,
                 done: None,
                 guard: None,
@@ -458,7 +488,7 @@ pub fn simulate_with_queues(
             .collect(),
         remaining: arrivals.len(),
         horizon: horizon_s,
-        latest: delivery::Latest::new(cfg.engines.len()),
+        latest: delivery::Latest::new(layout.units()),
     };
     sim.run();
     let mut out = std::mem::take(&mut sim.out);
@@ -467,11 +497,11 @@ pub fn simulate_with_queues(
         if let (Some(f), Some(d)) = (r.first, r.done) {
             out.ttft.push(f - r.arrived);
             out.e2e.push(d - r.arrived);
-            let m = cfg.engines[r.engine];
+            let e = layout.engine_of(r.unit);
             let prompt = arrivals[i].prompt_tokens;
             let floor = *floors
-                .entry((r.engine, prompt))
-                .or_insert_with(|| isolated_ttft(m, prompt));
+                .entry((e, prompt))
+                .or_insert_with(|| isolated_ttft(cfg.engines[e], prompt));
             out.ttft_floor.push(floor);
         }
     }

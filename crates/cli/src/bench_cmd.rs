@@ -40,7 +40,7 @@ pub enum BenchCommand {
 
 #[derive(Args)]
 pub struct TraceArgs {
-    /// A scenario (s0–s4) or a prefix shape (chat, shared-system, generated-shared-prefix,
+    /// A scenario (s0–s5) or a prefix shape (chat, shared-system, generated-shared-prefix,
     /// hot-prefix).
     #[arg(long)]
     workload: String,
@@ -104,7 +104,9 @@ pub struct PlotArgs {
 pub struct Common {
     /// s1 (standard: 4 engines, 2 routers, 25% direct, 85% load), s0 (fairness: 1 router, no
     /// direct traffic), s2 (S1 with the direct traffic pinned to one engine), s3 (S1 with prefix
-    /// reuse: chat sessions and shared system prompts) or s4 (S3 with one tenant sending half).
+    /// reuse: chat sessions and shared system prompts), s4 (S3 with one tenant sending half) or s5
+    /// (S3's mix on 8 schedulers: 8 engines × 1 rank against 2 × 4 DP ranks, routed per rank and
+    /// whole; `bench sim` runs its own comparison, whatever --variants says).
     #[arg(long, default_value = "s1")]
     scenario: String,
     /// Workload seed (same seed, same workload).
@@ -222,6 +224,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
         s.publish_point.as_str()
     );
     calibration(&s, seed, load);
+    if s.name == "s5" {
+        return rank_comparison(&s, seed, load, out);
+    }
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);
     }
@@ -342,6 +347,39 @@ fn cache_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()
         &out.join(format!("{stem}-ttft-cdf")),
         &plot::ttft_title(s.name, false, s.publish_point.as_str(), load),
         &plain,
+    )?;
+    let path = out.join(format!("{stem}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    println!("wrote {}", names(&path, &plots));
+    Ok(())
+}
+
+/// S5 on one seed: every router on 8 × 1 and on 2 × 4 routed per rank and whole; table, the
+/// default router's acceptance figures, JSON (`{stem}-ranks-seed{seed}.json`) and the default
+/// router's TTFT plot on the three fleets.
+fn rank_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
+    use loadlink_bench::scenario::ranks;
+    let rows = ranks::comparison(s, seed, load, |label| {
+        eprint!("\r{label:<48}");
+        let _ = std::io::stderr().flush();
+    });
+    eprintln!();
+    print!("{}{}", ranks::table(&rows), ranks::acceptance(&rows));
+    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": ranks::rows_json(&rows) });
+    let stem = format!("{}-ranks-seed{seed}", stem(s));
+    let default: Vec<Row> = rows
+        .into_iter()
+        .filter(|r| r.variant.router.label == ranks::DEFAULT_ROUTER)
+        .map(|r| Row {
+            label: r.variant.label(),
+            load,
+            outcome: r.outcome,
+        })
+        .collect();
+    let plots = plot::ttft_cdf(
+        &out.join(format!("{stem}-ttft-cdf")),
+        &plot::ttft_title(s.name, false, s.publish_point.as_str(), load),
+        &default,
     )?;
     let path = out.join(format!("{stem}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;

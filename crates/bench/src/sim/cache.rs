@@ -2,8 +2,13 @@
 //! [`KvIndex`] fed by the engines' KV events (delivered `net_delay_s` after they happen, as the
 //! snapshots are), or an [`ApproxTree`] of what this replica dispatched. Which one a variant uses
 //! is its [`CacheView`]; the policy sees only numbers of tokens through the view.
+//!
+//! Both are kept per DP rank (each rank's KV-event stream is its own index slot; each rank routed
+//! by name has its own tree slot), and answered per candidate ([`RouterCache::lookup`]).
 
+use super::ranks::Layout;
 use loadlink_router::cache::{ApproxTree, KvIndex, Slot};
+use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_wire::kv_events::KvEvent;
 
 /// Where a router variant's cached-prefix numbers come from.
@@ -37,53 +42,72 @@ const INDEX_MAX_BLOCKS: usize = 1 << 22;
 pub(crate) struct RouterCache {
     view: CacheView,
     page_size: u64,
+    layout: Layout,
     index: KvIndex,
     tree: ApproxTree,
     matches: Vec<(Slot, u32)>,
+    /// Scratch: per slot, the request's matched blocks.
+    depth: Vec<u32>,
 }
 
 impl RouterCache {
-    /// `max_pages`: the approximate tree's bound per engine (its KV pool in pages).
-    pub(crate) fn new(view: CacheView, page_size: usize, max_pages: usize) -> Self {
+    /// `max_pages`: the approximate tree's bound per slot (a rank's KV pool in pages).
+    pub(crate) fn new(view: CacheView, page_size: usize, max_pages: usize, layout: Layout) -> Self {
         RouterCache {
             view,
             page_size: page_size as u64,
+            layout,
             index: KvIndex::new(INDEX_MAX_BLOCKS),
             tree: ApproxTree::new(max_pages, APPROX_TTL_MS),
             matches: Vec::new(),
+            depth: Vec::new(),
         }
     }
 
-    /// KV events of engine `slot` arrive.
-    pub(crate) fn apply(&mut self, slot: usize, events: &[KvEvent]) {
+    /// KV events of scheduler `unit` (one rank of an engine: its own stream) arrive.
+    pub(crate) fn apply(&mut self, unit: usize, events: &[KvEvent]) {
         if self.view == CacheView::Index {
             for e in events {
-                self.index.apply(slot as Slot, e);
+                self.index.apply(unit as Slot, e);
             }
         }
     }
 
-    /// This replica dispatched `chain` to engine `slot` at `now_ms`.
-    pub(crate) fn dispatched(&mut self, slot: usize, chain: &[i64], now_ms: u64) {
+    /// The approximate tree's slot of candidate `c`: its rank's when routed to a rank, else one
+    /// for what was sent to the whole engine (as the live router keeps them apart; a one-rank
+    /// engine's whole slot is its rank's).
+    fn approx_slot(&self, c: Candidate) -> usize {
+        match c.rank {
+            None if self.layout.ranks > 1 => self.layout.units() + c.worker as usize,
+            _ => self.layout.units_of(c).start,
+        }
+    }
+
+    /// This replica dispatched `chain` to candidate `c` at `now_ms`.
+    pub(crate) fn dispatched(&mut self, c: Candidate, chain: &[i64], now_ms: u64) {
         if self.view == CacheView::Approx {
+            let slot = self.approx_slot(c);
             self.tree.record(slot as Slot, chain, now_ms);
         }
     }
 
-    /// Per engine at `now_ms`: this chain's cached tokens into `cached`, and the whole cache
-    /// believed there into `sizes` (both resized to `engines`).
+    /// Per candidate of `targets` at `now_ms`: this chain's cached tokens into `cached`, and the
+    /// whole cache believed there into `sizes` (both resized to the candidates). A rank answers
+    /// for itself; a whole engine from the KV index answers with its best rank (the most of the
+    /// chain, the fullest cache), as the live `CacheBook` does.
     pub(crate) fn lookup(
         &mut self,
         chain: &[i64],
         now_ms: u64,
-        engines: usize,
+        targets: Candidates<'_>,
         cached: &mut Vec<u64>,
         sizes: &mut Vec<u64>,
     ) {
+        let n = targets.len();
         cached.clear();
-        cached.resize(engines, 0);
+        cached.resize(n, 0);
         sizes.clear();
-        sizes.resize(engines, 0);
+        sizes.resize(n, 0);
         match self.view {
             CacheView::Blind => return,
             CacheView::Approx => {
@@ -93,17 +117,113 @@ impl RouterCache {
             }
             CacheView::Index => self.index.match_into(chain, &mut self.matches),
         }
+        self.depth.clear();
+        self.depth
+            .resize(self.layout.units() + self.layout.engines, 0);
         for &(slot, blocks) in &self.matches {
-            if let Some(c) = cached.get_mut(slot as usize) {
-                *c = u64::from(blocks) * self.page_size;
+            if let Some(d) = self.depth.get_mut(slot as usize) {
+                *d = blocks;
             }
         }
-        for (e, s) in sizes.iter_mut().enumerate() {
-            let blocks = match self.view {
-                CacheView::Approx => self.tree.slot_stats(e as Slot).blocks,
-                _ => self.index.slot_stats(e as Slot).blocks,
+        for (i, c) in targets.iter().enumerate() {
+            let (held, blocks) = match self.view {
+                CacheView::Approx => {
+                    let s = self.approx_slot(c);
+                    (self.depth[s], self.tree.slot_stats(s as Slot).blocks)
+                }
+                _ => self.layout.units_of(c).fold((0, 0), |(h, b), u| {
+                    let st = self.index.slot_stats(u as Slot);
+                    (h.max(self.depth[u]), b.max(st.blocks))
+                }),
             };
-            *s = blocks * self.page_size;
+            cached[i] = u64::from(held) * self.page_size;
+            sizes[i] = blocks * self.page_size;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loadlink_router::Worker;
+    use loadlink_router::candidate::CandidateList;
+    use loadlink_wire::kv_events::BlockStored;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// Two engines of 4 ranks: the ranked candidates and the whole ones.
+    fn fleet() -> (Vec<Arc<Worker>>, Vec<Candidate>) {
+        let epoch = Instant::now();
+        let ws: Vec<_> = (0..2)
+            .map(|e| Arc::new(Worker::new(format!("sim://engine{e}"), 4, None, epoch)))
+            .collect();
+        let ranked = CandidateList::of(&ws).ranked;
+        (ws, ranked)
+    }
+
+    fn stored(hashes: &[i64]) -> KvEvent {
+        KvEvent::Stored(BlockStored {
+            block_hashes: hashes.to_vec(),
+            block_size: 16,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_rank_answers_for_its_own_stream_and_a_whole_engine_for_its_best_rank() {
+        let (ws, ranked) = fleet();
+        let mut c = RouterCache::new(CacheView::Index, 16, 1000, Layout::new(2, 4));
+        c.apply(5, &[stored(&[1, 2, 3])]); // engine 1, rank 1
+        c.apply(6, &[stored(&[1, 9, 8, 7])]); // engine 1, rank 2: more blocks, less of the chain
+        let (mut cached, mut sizes) = (Vec::new(), Vec::new());
+        c.lookup(
+            &[1, 2, 3, 4],
+            0,
+            Candidates::listed(&ws, &ranked),
+            &mut cached,
+            &mut sizes,
+        );
+        assert_eq!(cached, [0, 0, 0, 0, 0, 48, 16, 0]);
+        assert_eq!(sizes, [0, 0, 0, 0, 0, 48, 64, 0]);
+        c.lookup(
+            &[1, 2, 3, 4],
+            0,
+            Candidates::whole(&ws),
+            &mut cached,
+            &mut sizes,
+        );
+        assert_eq!((cached, sizes), (vec![0, 48], vec![0, 64]));
+    }
+
+    #[test]
+    fn the_approximate_tree_keeps_what_was_routed_to_a_rank_apart_from_what_went_to_the_engine() {
+        let (ws, ranked) = fleet();
+        let mut c = RouterCache::new(CacheView::Approx, 16, 1000, Layout::new(2, 4));
+        c.dispatched(ranked[3], &[1, 2], 0);
+        c.dispatched(
+            Candidate {
+                worker: 1,
+                rank: None,
+            },
+            &[1],
+            0,
+        );
+        let (mut cached, mut sizes) = (Vec::new(), Vec::new());
+        c.lookup(
+            &[1, 2, 3],
+            1,
+            Candidates::listed(&ws, &ranked),
+            &mut cached,
+            &mut sizes,
+        );
+        assert_eq!(cached, [0, 0, 0, 32, 0, 0, 0, 0]);
+        c.lookup(
+            &[1, 2, 3],
+            1,
+            Candidates::whole(&ws),
+            &mut cached,
+            &mut sizes,
+        );
+        assert_eq!((cached, sizes), (vec![0, 16], vec![0, 16]));
     }
 }

@@ -1,5 +1,6 @@
 //! The simulator's event queue entries: what happens, and when (earliest first, ties in insertion
-//! order, so a run is deterministic).
+//! order, so a run is deterministic). An `engine` here is one scheduler: a DP rank of an engine
+//! (`ranks::Layout` numbers them).
 
 use loadlink_wire::LoadSnapshot;
 use loadlink_wire::kv_events::KvEvent;
