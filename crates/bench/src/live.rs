@@ -78,9 +78,11 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
         procs: Procs(Vec::new()),
         urls: Vec::new(),
     };
+    let ranks = s.ranks.max(1);
     for _ in 0..s.engines {
         let http = free_port_block(1)?;
-        let kv = free_port_block(2)?;
+        // The KV ports (one per rank), then the load range the engine derives after them.
+        let kv = free_port_block(2 * ranks as u16)?;
         fleet.procs.0.push(spawn(
             &cfg.exe,
             &[
@@ -93,6 +95,8 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
                 s.model.max_running_requests.to_string(),
                 "--publish-point".into(),
                 s.publish_point.as_str().into(),
+                "--dp-size".into(),
+                ranks.to_string(),
                 "--kv-events-config".into(),
                 format!(r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv}"}}"#),
             ],

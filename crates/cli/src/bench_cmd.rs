@@ -160,6 +160,11 @@ pub struct LiveArgs {
     /// --prometheus-port {metrics_port} --policy cache_aware'
     #[arg(long = "external-router", value_name = "NAME=COMMAND", value_parser = ExternalRouter::parse)]
     external_routers: Vec<ExternalRouter>,
+    /// DP ranks per engine: the scenario's schedulers regrouped into engines of R ranks each
+    /// (`loadlink engine --dp-size R`; the scenario's engine count must be a multiple of R). The
+    /// trace is the same (calibration counts schedulers), so 1 and R compare the same load.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
 }
 
 #[derive(Args)]
@@ -441,7 +446,15 @@ fn live(a: LiveArgs) -> Result<()> {
     if !(a.time_scale > 0.0 && a.duration > 0.0) {
         anyhow::bail!("--time-scale and --duration must be > 0");
     }
-    let (s, load) = a.common.scenario()?;
+    let (mut s, load) = a.common.scenario()?;
+    if a.ranks == 0 || s.engines % a.ranks != 0 {
+        anyhow::bail!(
+            "--ranks {}: expected a divisor of the scenario's {} engines",
+            a.ranks,
+            s.engines
+        );
+    }
+    (s.engines, s.ranks) = (s.engines / a.ranks, a.ranks);
     let (seed, out) = (a.common.seed, &a.common.out);
     let cfg = loadlink_bench::live::LiveConfig {
         exe: std::env::current_exe()?,
@@ -453,8 +466,10 @@ fn live(a: LiveArgs) -> Result<()> {
         variants: live_variants(&a),
     };
     println!(
-        "live {}: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
+        "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
         s.name,
+        s.engines,
+        s.ranks,
         s.about,
         cfg.load,
         a.duration,
