@@ -156,6 +156,19 @@ impl Dispatcher {
         self.dispatch[best.1].1 += 1;
         best.1
     }
+
+    /// A request routed to `rank` by name: counted there until the rank's next snapshot, as if the
+    /// dispatcher had picked it (the engine's `Dispatcher::count_routed`).
+    pub(crate) fn count_routed(&mut self, rank: usize) {
+        let Some(&latest) = self.latest.get(rank).filter(|_| self.latest.len() > 1) else {
+            return;
+        };
+        let ts = latest.map_or(0.0, |(_, ts)| ts);
+        if ts != self.dispatch[rank].0 {
+            self.dispatch[rank] = (ts, 0);
+        }
+        self.dispatch[rank].1 += 1;
+    }
 }
 
 impl Sim<'_> {
@@ -164,7 +177,11 @@ impl Sim<'_> {
     pub(super) fn unit_for(&mut self, c: Candidate) -> usize {
         let e = c.worker as usize;
         let rank = match c.rank {
-            Some(r) => (r as usize).min(self.layout.ranks - 1),
+            Some(r) => {
+                let r = (r as usize).min(self.layout.ranks - 1);
+                self.dispatchers[e].count_routed(r);
+                r
+            }
             None => self.dispatchers[e].pick_rank(),
         };
         self.layout.unit(e, rank)
@@ -205,6 +222,11 @@ mod tests {
         // A new snapshot of rank 1 resets what was counted there.
         d.published(1, &snap(0, 0, 2.0));
         assert_eq!(d.pick_rank(), 1);
+        // Requests routed to rank 1 by name count there too: the next pick avoids it.
+        for _ in 0..4 {
+            d.count_routed(1);
+        }
+        assert_ne!(d.pick_rank(), 1);
     }
 
     #[test]
