@@ -180,7 +180,8 @@ async fn start_external(
     Ok(started)
 }
 
-/// `/workers` lists `engines` workers, none unhealthy; or, without `/workers`, `/health` is 2xx.
+/// `/workers` lists every engine, none unhealthy (a DP-aware router lists each rank as a worker of
+/// its own, `URL@rank`: at least `engines` entries); or, without `/workers`, `/health` is 2xx.
 async fn external_ready(client: &reqwest::Client, url: &str, engines: usize) -> bool {
     let Ok(r) = client.get(format!("{url}/workers")).send().await else {
         return false;
@@ -196,6 +197,6 @@ async fn external_ready(client: &reqwest::Client, url: &str, engines: usize) -> 
         return false;
     };
     v["workers"].as_array().is_some_and(|ws| {
-        ws.len() == engines && ws.iter().all(|w| w["is_healthy"].as_bool() != Some(false))
+        ws.len() >= engines && ws.iter().all(|w| w["is_healthy"].as_bool() != Some(false))
     })
 }
