@@ -165,9 +165,9 @@ impl View for FleetView<'_> {
     fn price(&self, i: usize) -> crate::policy::Price {
         let p = self.pricing(i);
         crate::policy::Price {
-            queued_s: p.queued_tokens.map(|q| q as f64 * p.us_per_token / 1e6),
+            queued_s: p.queued_tokens.map(|q| q as f64 * p.us_per_token * 1e-6),
             engine_requests: p.engine_requests,
-            s_per_token: p.us_per_token / 1e6,
+            s_per_token: p.us_per_token * 1e-6,
             kv_usage: p.kv_usage,
             inflight: p.inflight,
         }

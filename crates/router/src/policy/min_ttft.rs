@@ -75,8 +75,13 @@ impl MinTtft {
                 f * (DISPATCH_TOKENS_GUESS as f64 + self.per_request_tokens) * s_tok
             }
         };
-        let over = (p.kv_usage - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
-        let kv_penalty = self.kv_pressure_s * over.clamp(0.0, 1.0);
+        // Only above the threshold (rare): the division stays off the common path.
+        let kv_penalty = if p.kv_usage > self.kv_pressure_from {
+            let over = (p.kv_usage - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
+            self.kv_pressure_s * over.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         queued_s + uncached as f64 * s_tok + kv_penalty
     }
 
