@@ -78,6 +78,7 @@ pub struct RankRouted {
 
 impl RankRouted {
     /// This router's open requests routed to this rank.
+    #[inline]
     pub fn inflight(&self) -> i64 {
         self.inflight.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -85,11 +86,13 @@ impl RankRouted {
 
 impl RankState {
     /// What this router routed to this rank by name.
+    #[inline]
     pub fn routed(&self) -> &RankRouted {
         &self.routed
     }
 
     /// ms since the book's epoch of the last message (0: never).
+    #[inline]
     pub fn received_ms(&self) -> u64 {
         self.received_ms.load(Ordering::Acquire)
     }
@@ -166,10 +169,12 @@ impl RankTable {
     }
 
     /// Ranks with a slot.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -182,6 +187,7 @@ impl RankTable {
     }
 
     /// Rank number `rank`'s slot, if it has one.
+    #[inline]
     pub fn get(&self, rank: usize) -> Option<&RankState> {
         let len = self.len();
         // Pushed workers, and polled ones whose ranks came in order: rank r sits in slot r.
