@@ -121,7 +121,7 @@ fn bench(c: &mut Criterion) {
 
 fn bench_fleet(c: &mut Criterion, holders: usize) {
     let (workers, book, prompt) = fleet(holders);
-    let list = CandidateList::of(&workers);
+    let list = CandidateList::of(&workers, loadlink_router::candidate::RankField::Both);
     assert_eq!(list.ranked.len(), WORKERS * RANKS);
     let targets = Candidates::listed(&workers, &list.ranked);
     let mut cached = Vec::with_capacity(list.ranked.len());

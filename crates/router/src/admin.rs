@@ -5,7 +5,7 @@
 //! a worker without a KV-event stream).
 
 use crate::book::{RankState, Worker};
-use crate::candidate::{RankField, RankTargets};
+use crate::candidate::RankTargets;
 use crate::fleet::{discover, validate_url};
 use crate::state::{AppState, error_response};
 use axum::body::Bytes;
@@ -50,15 +50,11 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
 
 /// Whether `w` is routed per rank, or whole and why.
 fn rank_routing_json(st: &AppState, w: &Worker) -> Value {
-    let targets = w.rank_targets();
-    match (st.cfg.dp_rank_field, targets) {
-        (RankField::None, RankTargets::PerRank) => {
-            json!({ "mode": "worker", "reason": "--dp-rank-field none" })
-        }
-        (_, RankTargets::Whole(why)) => json!({ "mode": "worker", "reason": why }),
-        (field, RankTargets::PerRank) => {
-            json!({ "mode": "per-rank", "field": field.as_str(), "reason": Value::Null })
-        }
+    match w.rank_targets(st.cfg.dp_rank_field) {
+        RankTargets::Whole(why) => json!({ "mode": "worker", "reason": why }),
+        RankTargets::PerRank => json!({
+            "mode": "per-rank", "field": st.cfg.dp_rank_field.as_str(), "reason": Value::Null
+        }),
     }
 }
 

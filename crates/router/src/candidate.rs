@@ -7,13 +7,14 @@
 //! about (n−1)/n of the time. So a worker whose ranks are each visible (one load socket per rank,
 //! pushed by the engine) is `dp_size` candidates, one per rank, each priced on its own load, its
 //! own prefill speed and its own cache; the chosen rank travels with the request
-//! ([`RankField`]). A worker whose ranks are not separately visible or not addressable stays one
-//! candidate ([`Worker::rank_targets`] says why).
+//! ([`RankField`]). Polled ranks count too (a `/v1/loads` row or a `/metrics` series per rank),
+//! routed by the header, which SGLang and vLLM both read. A worker whose ranks are not separately
+//! visible or not addressable stays one candidate ([`Worker::rank_targets`] says why).
 //!
 //! This module is the one definition: [`Candidates`] is what the policies' view, admission, the
 //! cache lookup and the in-flight guards all take. The ranked list is built once per change of
-//! membership ([`CandidateList`], held with the worker list by the fleet), so a request pays
-//! nothing to have it; the requests whose rank cannot travel (`--dp-rank-field none`, or a field
+//! membership, or of a polled worker's ranks ([`CandidateList`], held with the worker list by the
+//! fleet), so a request pays nothing to have it; the requests whose rank cannot travel (`--dp-rank-field none`, or a field
 //! the route does not take) use the one-candidate-per-worker list instead.
 
 use crate::book::{LoadSourceKind, Worker};
@@ -46,14 +47,24 @@ impl RankTargets {
 }
 
 impl Worker {
-    /// Whether this worker's ranks are candidates of their own: it has more than one rank and each
-    /// publishes its own load stream that the router subscribes to. Polled loads are aggregated
-    /// or name ranks the engine does not take per request (vLLM), so they stay whole.
-    pub fn rank_targets(&self) -> RankTargets {
-        if self.load_source.kind != LoadSourceKind::Push || self.no_load_reason.is_some() {
-            RankTargets::Whole("its ranks' loads are not pushed per rank (polled or in-flight)")
+    /// Whether this worker's ranks are candidates of their own when ranks travel as `field`: it
+    /// has more than one rank and each reports its own load, pushed on its own socket (SGLang:
+    /// any field) or polled per rank (`/v1/loads` rows, `/metrics` series labelled per rank:
+    /// only when the rank travels in the header, the one form both SGLang and vLLM read, vLLM as
+    /// `X-data-parallel-rank` on its OpenAI routes). A polled page that aggregates the ranks
+    /// names one rank, so such a worker stays whole.
+    pub fn rank_targets(&self, field: RankField) -> RankTargets {
+        let kind = self.load_source.kind;
+        if field == RankField::None {
+            RankTargets::Whole("--dp-rank-field none")
+        } else if kind == LoadSourceKind::Inflight || self.no_load_reason.is_some() {
+            RankTargets::Whole("no per-rank load: priced on this router's in-flight count")
         } else if self.ranks.len() < 2 {
             RankTargets::Whole("a single DP rank")
+        } else if kind != LoadSourceKind::Push && field == RankField::Body {
+            RankTargets::Whole(
+                "polled ranks are routed by the header only, and --dp-rank-field is body",
+            )
         } else {
             RankTargets::PerRank
         }
@@ -61,7 +72,7 @@ impl Worker {
 }
 
 /// The ranked candidate list of a worker list: every rank of a per-rank worker, the others whole.
-/// Built when membership changes, read by every request.
+/// Built when membership changes (or a polled worker reports a new rank), read by every request.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CandidateList {
     pub ranked: Vec<Candidate>,
@@ -70,12 +81,12 @@ pub struct CandidateList {
 }
 
 impl CandidateList {
-    pub fn of(workers: &[Arc<Worker>]) -> Self {
+    pub fn of(workers: &[Arc<Worker>], field: RankField) -> Self {
         let mut ranked = Vec::with_capacity(workers.len());
         let mut any_ranked = false;
         for (i, w) in workers.iter().enumerate() {
             let worker = i as u32;
-            match w.rank_targets() {
+            match w.rank_targets(field) {
                 RankTargets::PerRank => {
                     any_ranked = true;
                     ranked.extend(w.ranks.iter().map(|r| Candidate {
@@ -247,7 +258,7 @@ mod tests {
             )),
             Arc::new(Worker::sparse("http://d".into(), 8, epoch)),
         ];
-        let l = CandidateList::of(&ws);
+        let l = CandidateList::of(&ws, RankField::Both);
         assert!(l.any_ranked);
         let ranks: Vec<_> = l.ranked.iter().map(|c| (c.worker, c.rank)).collect();
         assert_eq!(
@@ -262,7 +273,22 @@ mod tests {
                 (3, None)
             ]
         );
-        assert_eq!(ws[1].rank_targets(), RankTargets::Whole("a single DP rank"));
+        assert_eq!(
+            ws[1].rank_targets(RankField::Both),
+            RankTargets::Whole("a single DP rank")
+        );
+        assert_eq!(
+            CandidateList::of(&ws, RankField::None),
+            CandidateList {
+                ranked: (0..4)
+                    .map(|w| Candidate {
+                        worker: w,
+                        rank: None
+                    })
+                    .collect(),
+                any_ranked: false
+            }
+        );
         let c = Candidates::listed(&ws, &l.ranked);
         assert_eq!((c.len(), c.worker(5).url.as_str()), (7, "http://c"));
         let whole = Candidates::whole(&ws);

@@ -24,7 +24,7 @@
 use crate::book::Worker;
 use crate::budget::{Budgets, Refusal};
 use crate::cache::CacheBook;
-use crate::candidate::CandidateList;
+use crate::candidate::{CandidateList, RankField};
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, Release, SubscriptionId};
@@ -77,6 +77,9 @@ struct Holding {
 pub struct Roster {
     pub workers: Arc<Vec<Arc<Worker>>>,
     pub candidates: CandidateList,
+    /// The fleet's rank epoch it was built at ([`Fleet::roster`] rebuilds it when a polled worker
+    /// has reported a new rank since).
+    epoch: u64,
 }
 
 impl Roster {
@@ -88,11 +91,12 @@ impl Roster {
         crate::candidate::Candidates::listed(&self.workers, list)
     }
 
-    fn of(workers: Vec<Arc<Worker>>) -> Self {
-        let candidates = CandidateList::of(&workers);
+    fn of(workers: Vec<Arc<Worker>>, field: RankField, epoch: u64) -> Self {
+        let candidates = CandidateList::of(&workers, field);
         Roster {
             workers: Arc::new(workers),
             candidates,
+            epoch,
         }
     }
 }
@@ -100,6 +104,11 @@ impl Roster {
 /// The live worker set.
 pub struct Fleet {
     roster: ArcSwap<Roster>,
+    /// How chosen ranks travel (which workers' ranks are candidates: [`Worker::rank_targets`]).
+    rank_field: RankField,
+    /// Bumped when a polled worker reports a rank it had not reported before (shared with every
+    /// worker); the roster's candidate list is rebuilt on the next request.
+    rank_epoch: Arc<std::sync::atomic::AtomicU64>,
     subs: Mutex<HashMap<String, Held>>,
     /// Serialises the commit of adds and removes (see the module docs).
     changes: Mutex<()>,
@@ -136,6 +145,8 @@ impl Fleet {
             cache,
             refusals: Arc::default(),
             roster: ArcSwap::from_pointee(Roster::default()),
+            rank_field: RankField::default(),
+            rank_epoch: Arc::default(),
             subs: Mutex::default(),
             changes: Mutex::default(),
             holding: Mutex::default(),
@@ -218,9 +229,30 @@ impl Fleet {
         self.roster.load().workers.clone()
     }
 
-    /// The current workers with their candidate list.
+    /// The current workers with their candidate list (rebuilt first if a polled worker reported a
+    /// new rank since it was built: one atomic load per request otherwise).
     pub fn roster(&self) -> Arc<Roster> {
+        let r = self.roster.load_full();
+        let epoch = self.rank_epoch.load(std::sync::atomic::Ordering::Acquire);
+        if r.epoch == epoch {
+            return r;
+        }
+        let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        self.roster
+            .rcu(|r| Roster::of(r.workers.to_vec(), self.rank_field, epoch));
         self.roster.load_full()
+    }
+
+    /// The same fleet sending chosen ranks as `field` (`--dp-rank-field`). Before the first worker
+    /// is added.
+    pub fn with_rank_field(mut self, field: RankField) -> Self {
+        self.rank_field = field;
+        self
+    }
+
+    fn rebuilt(&self, workers: Vec<Arc<Worker>>) -> Roster {
+        let epoch = self.rank_epoch.load(std::sync::atomic::Ordering::Acquire);
+        Roster::of(workers, self.rank_field, epoch)
     }
 
     pub fn contains(&self, url: &str) -> bool {
@@ -359,6 +391,7 @@ impl Fleet {
             None => Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch),
         };
         worker.refusals.attach(self.refusals.clone());
+        worker.ranks.notify_claims(self.rank_epoch.clone());
         let worker = Arc::new(worker);
         let kv = match &refused {
             Some(why) => {
@@ -384,7 +417,7 @@ impl Fleet {
                 let mut v: Vec<Arc<Worker>> =
                     r.workers.iter().filter(|w| w.url != url).cloned().collect();
                 v.push(worker.clone());
-                Roster::of(v)
+                self.rebuilt(v)
             });
             (old_worker, old)
         };
@@ -478,8 +511,9 @@ impl Fleet {
         let (old_worker, held) = {
             let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
             let old_worker = self.find(url);
-            self.roster
-                .rcu(|r| Roster::of(r.workers.iter().filter(|w| w.url != url).cloned().collect()));
+            self.roster.rcu(|r| {
+                self.rebuilt(r.workers.iter().filter(|w| w.url != url).cloned().collect())
+            });
             let held = self.subs().remove(url);
             self.set_poller(url, None);
             self.cache.forget(url);

@@ -59,7 +59,8 @@ impl AppState {
             admission: crate::admission::AdmissionState::new(&cfg.budgets),
             fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone())
                 .with_budgets(cfg.budgets.clone())
-                .with_polling(cfg.poll_config()),
+                .with_polling(cfg.poll_config())
+                .with_rank_field(cfg.dp_rank_field),
             cache,
             cfg,
             client: crate::fleet::http_client(),

@@ -199,3 +199,60 @@ async fn a_client_rank_is_kept_and_pins_the_pick() {
         (&json!(0), &Value::Null)
     );
 }
+
+/// vLLM takes a rank per request in the header only (`X-data-parallel-rank`, its OpenAI server),
+/// and its `/metrics` reports each DP engine apart: a polled worker whose ranks report separately
+/// is routed per rank, once they have reported, by the header; with `body` it stays whole.
+#[tokio::test]
+async fn a_polled_worker_is_routed_per_rank_by_the_header_once_its_ranks_report() {
+    use loadlink_testkit::rank_worker::vllm_rank_worker;
+    let w = vllm_rank_worker(2).await;
+    w.backlog[0].store(50, Relaxed);
+    let r = router(vec![w.url.clone()], LoadSignal::Engine, |c| {
+        c.policy = Policy::MinTtft(Default::default());
+        c.load_poll_interval_ms = 20;
+    })
+    .await;
+    let v = wait_worker(&r, &w.url, "both polled ranks reported", |v| {
+        v["ranks"].as_array().is_some_and(|a| a.len() == 2) && v["source"] == "engine"
+    })
+    .await;
+    assert_eq!(v["load_source"], "scrape_metrics");
+    assert_eq!(v["rank_routing"]["mode"], "per-rank", "{v}");
+    let c = reqwest::Client::new();
+    for _ in 0..3 {
+        let resp = c
+            .post(format!("{}/v1/completions", r.url()))
+            .json(&body_for("/v1/completions"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.headers()["x-loadlink-dp-rank"],
+            "1",
+            "the rank without waiting requests"
+        );
+    }
+    assert!(
+        w.received()
+            .iter()
+            .all(|x| x.rank_header.as_deref() == Some("1"))
+    );
+
+    let body_only = router(vec![w.url.clone()], LoadSignal::Engine, |c| {
+        c.dp_rank_field = RankField::Body;
+        c.load_poll_interval_ms = 20;
+    })
+    .await;
+    let v = wait_worker(&body_only, &w.url, "both polled ranks reported", |v| {
+        v["ranks"].as_array().is_some_and(|a| a.len() == 2)
+    })
+    .await;
+    assert_eq!(v["rank_routing"]["mode"], "worker", "{v}");
+    assert!(
+        v["rank_routing"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("header only")
+    );
+}

@@ -1,7 +1,9 @@
-//! A worker with several DP ranks, each publishing its own load on its own socket (as an SGLang
-//! engine with DP attention does), that records every generation request it receives: path, the
-//! `X-Data-Parallel-Rank` header and the body. What a router sends a rank is then checked where
-//! the engine would read it. Each rank's published prefill backlog is the test's to set.
+//! A worker with several DP ranks, each reporting its own load (on its own PUB socket, as an
+//! SGLang engine with DP attention does, or, [`vllm_rank_worker`], as per-engine series of a vLLM
+//! `/metrics` page that the router polls), that records every generation request it receives:
+//! path, the `X-Data-Parallel-Rank` header and the body. What a router sends a rank is then checked
+//! where the engine would read it. Each rank's reported backlog is the test's to set (prefill tokens
+//! pushed; waiting requests polled).
 
 use crate::pub_sink::snapshot_pub;
 use crate::router::{serve_loopback, server_info_app};
@@ -48,27 +50,8 @@ impl RankWorker {
     }
 }
 
-/// Starts a worker of `ranks` DP ranks answering `/generate`, `/v1/completions`,
-/// `/v1/chat/completions` and `/v1/responses`.
-pub async fn rank_worker(ranks: u16) -> RankWorker {
-    let ports = free_port_block(2 * ranks).expect("free load and KV ports");
-    let (kv_base, load_base) = (ports, ports + ranks);
-    let info = json!({
-        "dp_size": ranks,
-        "kv_events": KvEventsDescriptor {
-            publisher: "zmq".into(),
-            endpoint_host: "*".into(),
-            endpoint_port_base: kv_base,
-            topic: String::new(),
-            block_size: 16,
-            dp_size: u32::from(ranks),
-            load_endpoint_port_base: Some(load_base),
-            load_topic: None,
-            replay_endpoint_port_base: None,
-        },
-    });
-    let received: Arc<Mutex<Vec<Received>>> = Arc::default();
-    let mut app = server_info_app(info);
+/// The generation routes, each recording what it receives.
+fn recording_routes(mut app: axum::Router, received: &Arc<Mutex<Vec<Received>>>) -> axum::Router {
     for path in [
         "/generate",
         "/v1/completions",
@@ -93,6 +76,55 @@ pub async fn rank_worker(ranks: u16) -> RankWorker {
             }),
         );
     }
+    app
+}
+
+/// A worker of `ranks` DP ranks with no load socket whose `/metrics` is vLLM's, one
+/// `engine="N"` series per rank with `backlog[N]` waiting requests: the router polls it.
+pub async fn vllm_rank_worker(ranks: u16) -> RankWorker {
+    let backlog: Arc<Vec<AtomicI64>> = Arc::new((0..ranks).map(|_| AtomicI64::new(0)).collect());
+    let b = backlog.clone();
+    let metrics = axum::routing::get(move || {
+        let b = b.clone();
+        async move {
+            let engines: Vec<(u64, u64, u64)> = (0..b.len())
+                .map(|r| (r as u64, 0, b[r].load(Relaxed).max(0) as u64))
+                .collect();
+            crate::polled_worker::vllm_metrics_body(&engines)
+        }
+    });
+    let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+    let info = json!({ "dp_size": ranks, "kv_events": null });
+    let app = recording_routes(server_info_app(info), &received).route("/metrics", metrics);
+    RankWorker {
+        url: serve_loopback(app).await,
+        backlog,
+        received,
+        stop: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+/// Starts a worker of `ranks` DP ranks answering `/generate`, `/v1/completions`,
+/// `/v1/chat/completions` and `/v1/responses`.
+pub async fn rank_worker(ranks: u16) -> RankWorker {
+    let ports = free_port_block(2 * ranks).expect("free load and KV ports");
+    let (kv_base, load_base) = (ports, ports + ranks);
+    let info = json!({
+        "dp_size": ranks,
+        "kv_events": KvEventsDescriptor {
+            publisher: "zmq".into(),
+            endpoint_host: "*".into(),
+            endpoint_port_base: kv_base,
+            topic: String::new(),
+            block_size: 16,
+            dp_size: u32::from(ranks),
+            load_endpoint_port_base: Some(load_base),
+            load_topic: None,
+            replay_endpoint_port_base: None,
+        },
+    });
+    let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+    let app = recording_routes(server_info_app(info), &received);
     let url = serve_loopback(app).await;
     let backlog: Arc<Vec<AtomicI64>> = Arc::new((0..ranks).map(|_| AtomicI64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));

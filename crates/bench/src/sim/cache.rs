@@ -157,7 +157,7 @@ mod tests {
         let ws: Vec<_> = (0..2)
             .map(|e| Arc::new(Worker::new(format!("sim://engine{e}"), 4, None, epoch)))
             .collect();
-        let ranked = CandidateList::of(&ws).ranked;
+        let ranked = CandidateList::of(&ws, loadlink_router::candidate::RankField::Both).ranked;
         (ws, ranked)
     }
 

@@ -47,7 +47,9 @@ impl RankRouting {
     /// when ranks are not routed.
     pub(crate) fn candidates(self, workers: &[Arc<Worker>]) -> Vec<Candidate> {
         match self {
-            RankRouting::PerRank => CandidateList::of(workers).ranked,
+            RankRouting::PerRank => {
+                CandidateList::of(workers, loadlink_router::candidate::RankField::Both).ranked
+            }
             RankRouting::Whole => Vec::new(),
         }
     }

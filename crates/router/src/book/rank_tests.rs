@@ -107,7 +107,7 @@ fn min_ttft_over_ranks_follows_the_rank_that_holds_the_prefix_until_its_queue_co
         ws[0].record_at(r, 0, &snap(0, 0, 0), 10);
     }
     ws[1].record_at(0, 0, &snap(0, 0, 0), 10);
-    let list = CandidateList::of(&ws);
+    let list = CandidateList::of(&ws, crate::candidate::RankField::Both);
     assert_eq!(list.ranked.len(), 5);
     // The prompt's 4,000 tokens are cached on a's rank 2 only (candidate 2).
     let cached = [0, 0, 4000, 0, 0];

@@ -17,7 +17,7 @@
 
 use super::prefill_rate::PrefillRate;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One DP rank's latest report.
 ///
@@ -137,6 +137,9 @@ pub struct RankTable {
     /// Whether ranks are claimed on first report (polled) or fixed at creation (pushed).
     sparse: bool,
     claim: Mutex<()>,
+    /// Bumped on every claim: the fleet rebuilds its candidate list when a polled worker's ranks
+    /// change ([`crate::fleet::Fleet::roster`]).
+    claims: OnceLock<Arc<AtomicU64>>,
 }
 
 impl RankTable {
@@ -150,6 +153,7 @@ impl RankTable {
             len: AtomicUsize::new(n),
             sparse: false,
             claim: Mutex::new(()),
+            claims: OnceLock::new(),
         }
     }
 
@@ -160,7 +164,13 @@ impl RankTable {
             len: AtomicUsize::new(0),
             sparse: true,
             claim: Mutex::new(()),
+            claims: OnceLock::new(),
         }
+    }
+
+    /// Counts every later claim on `epoch` (set once, by the fleet that holds the worker).
+    pub fn notify_claims(&self, epoch: Arc<AtomicU64>) {
+        let _ = self.claims.set(epoch);
     }
 
     /// Rank numbers must be below this.
@@ -223,6 +233,9 @@ impl RankTable {
         let slot = self.slots.get(i).ok_or(out)?;
         let _ = slot.set(Box::new(RankState::new(rank)));
         self.len.store(i + 1, Ordering::Release);
+        if let Some(epoch) = self.claims.get() {
+            epoch.fetch_add(1, Ordering::Release);
+        }
         slot.get().map(|b| &**b).ok_or(out)
     }
 }
