@@ -39,11 +39,7 @@ impl Dispatcher {
         if n == 1 {
             return 0;
         }
-        let snaps = self
-            .shm
-            .as_ref()
-            .and_then(|s| s.snapshots().ok())
-            .unwrap_or_default();
+        let snaps = self.slots();
         let mut d = self.dispatch.lock().unwrap_or_else(|p| p.into_inner());
         let start = self.rr.fetch_add(1, Ordering::Relaxed) as usize;
         let mut best = (i64::MAX, 0);
@@ -65,24 +61,22 @@ impl Dispatcher {
         if self.ranks == 1 || rank >= self.ranks {
             return;
         }
-        let snaps = self
-            .shm
-            .as_ref()
-            .and_then(|s| s.snapshots().ok())
-            .unwrap_or_default();
+        let snaps = self.slots();
         let mut d = self.dispatch.lock().unwrap_or_else(|p| p.into_inner());
         since_snapshot(&mut d[rank], &snaps, rank);
         d[rank].1 += 1;
     }
 
-    pub(crate) fn snapshots(&self) -> Vec<LoadSnapshot> {
+    /// Every rank's SHM slot (`None` for a rank that has not published).
+    fn slots(&self) -> Vec<Option<LoadSnapshot>> {
         self.shm
             .as_ref()
             .and_then(|s| s.snapshots().ok())
             .unwrap_or_default()
-            .into_iter()
-            .flatten()
-            .collect()
+    }
+
+    pub(crate) fn snapshots(&self) -> Vec<LoadSnapshot> {
+        self.slots().into_iter().flatten().collect()
     }
 }
 

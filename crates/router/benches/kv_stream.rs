@@ -11,29 +11,17 @@ use loadlink_router::Worker;
 use loadlink_router::cache::CacheBook;
 use loadlink_router::candidate::Candidates;
 use loadlink_router::fleet::{Discovery, Fleet};
-use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, page_hashes};
+use loadlink_wire::kv_events::KvEventBatch;
+
+mod common;
+use common::{BLOCKS, chain, stored_batch};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const BLOCKS: usize = 512;
 const WORKERS: usize = 64;
 
-fn chain(salt: u32) -> Vec<i64> {
-    let tokens: Vec<u32> = (0..(BLOCKS as u32 * 16)).map(|i| i ^ salt).collect();
-    page_hashes(&tokens, 16)
-}
-
 fn batch(hashes: &[i64]) -> KvEventBatch {
-    KvEventBatch {
-        ts: 1.0,
-        events: vec![KvEvent::Stored(BlockStored {
-            block_hashes: hashes.to_vec(),
-            token_ids: vec![7; hashes.len() * 16],
-            block_size: 16,
-            ..Default::default()
-        })],
-        attn_dp_rank: Some(0),
-    }
+    stored_batch(hashes, Some(0))
 }
 
 fn request_path(c: &mut Criterion) {

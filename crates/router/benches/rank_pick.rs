@@ -15,7 +15,10 @@ use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::{CacheAware, MinTtft};
 use loadlink_router::{LoadSignal, Policy, Worker};
 use loadlink_wire::LoadSnapshot;
-use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, page_hashes};
+use loadlink_wire::kv_events::KvEventBatch;
+
+mod common;
+use common::{BLOCKS, chain, stored_batch};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -40,23 +43,8 @@ static GLOBAL: Counting = Counting;
 
 const WORKERS: usize = 64;
 const RANKS: usize = 8;
-const BLOCKS: usize = 512;
-
-fn chain(salt: u32) -> Vec<i64> {
-    let tokens: Vec<u32> = (0..(BLOCKS as u32 * 16)).map(|i| i ^ salt).collect();
-    page_hashes(&tokens, 16)
-}
-
 fn batch(hashes: &[i64]) -> KvEventBatch {
-    KvEventBatch {
-        ts: 1.0,
-        events: vec![KvEvent::Stored(BlockStored {
-            block_hashes: hashes.to_vec(),
-            block_size: 16,
-            ..Default::default()
-        })],
-        attn_dp_rank: None,
-    }
+    stored_batch(hashes, None)
 }
 
 /// The fleet, its KV book, and the request's chain; `holders` ranks (spread over the fleet) hold
