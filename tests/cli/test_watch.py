@@ -58,3 +58,38 @@ def test_watch_explains_an_engine_without_a_load_range():
         assert "does not report load" in out.stderr and "wildcard" in out.stderr, out.stderr
     finally:
         p.kill()
+
+
+def test_watch_router_shows_each_dp_rank_and_what_was_routed_to_it():
+    kv = free_port_block(4)  # two KV ports, then the two-rank load range
+    p, url = start_engine("--dp-size", "2", "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv}"}))
+    rport = free_port()
+    r = subprocess.Popen([BIN, "route", "--port", str(rport), "--worker-urls", url, "--duration", "60"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    router = f"http://127.0.0.1:{rport}"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                w = json.loads(urllib.request.urlopen(router + "/workers", timeout=1).read())["workers"][0]
+                if w["source"] == "engine":
+                    break
+            except (OSError, IndexError, KeyError):
+                pass
+            time.sleep(0.1)
+        for i in range(4):
+            body = json.dumps({"prompt": f"session {i} " * 50, "max_tokens": 1}).encode()
+            urllib.request.urlopen(urllib.request.Request(router + "/v1/completions", data=body,
+                                                          headers={"Content-Type": "application/json"}), timeout=30).read()
+        out = subprocess.run([BIN, "watch", "--router", router, "--duration", "1"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert any(url in x and "per-rank" in x for x in lines), out.stdout
+        ranks = [x.split() for x in lines if x.strip().startswith("rank ")]
+        assert [x[1] for x in ranks[:2]] == ["0", "1"], out.stdout
+        assert sum(int(x[6]) for x in ranks[:2]) == 4, out.stdout  # the routed column
+        bad = subprocess.run([BIN, "watch", "--router", "http://127.0.0.1:1", "--duration", "1"], capture_output=True, text=True, timeout=30)
+        assert bad.returncode != 0 and "GET http://127.0.0.1:1/workers" in bad.stderr, bad.stderr
+    finally:
+        r.kill()
+        p.kill()

@@ -42,6 +42,7 @@ pub mod server;
 pub mod state;
 pub mod subscribe;
 pub mod watch;
+pub mod watch_router;
 pub mod zctx;
 
 pub use book::{InflightGuard, Load, LoadSignal, Pricing, Source, Worker};
