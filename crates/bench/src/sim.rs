@@ -31,7 +31,7 @@ mod ranks;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
-pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, quantile};
+pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, isolated_ttft, quantile};
 pub use ranks::RankRouting;
 
 use crate::workload::Arrival;
@@ -39,7 +39,7 @@ use admission::{AdmissionQueue, QUEUE_POLL_S, Refused};
 use cache::RouterCache;
 use engine::SimEngine;
 use events::{Ev, Item};
-use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
+use loadlink_engine::model::{Event, ModelConfig, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
 use loadlink_router::admission::{AdmissionConfig, Gate};
 use loadlink_router::candidate::{Candidate, Candidates};
@@ -437,28 +437,14 @@ pub fn simulate_with_queues(
 ) -> (Outcome, QueueStats) {
     let epoch = Instant::now();
     let layout = Layout::new(cfg.engines.len(), cfg.ranks);
-    let books: Vec<Vec<_>> = (0..cfg.routers.max(1))
-        .map(|_| {
-            (0..layout.engines)
-                .map(|e| {
-                    let url = format!("sim://engine{e}");
-                    Arc::new(Worker::new(url, layout.ranks, None, epoch))
-                })
-                .collect()
-        })
-        .collect();
+    let books = layout.books(cfg.routers.max(1), epoch);
     let mut sim = Sim {
         cfg,
         arrivals,
         heap: BinaryHeap::new(),
         order: 0,
         layout,
-        engines: (0..layout.units())
-            .map(|u| {
-                let (m, rank) = (cfg.engines[layout.engine_of(u)], layout.rank_of(u));
-                SimEngine::new(rank as u32, m, cfg.publish_point, cfg.publish_every)
-            })
-            .collect(),
+        engines: layout.schedulers(cfg),
         dispatchers: vec![Dispatcher::new(layout.ranks); layout.engines],
         candidates: cfg.rank_routing.candidates(&books[0]),
         books,
@@ -510,23 +496,4 @@ pub fn simulate_with_queues(
     out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
     let queues = sim.queues.finish(&mut out);
     (out, queues)
-}
-
-/// Time to the first token of a lone request with `prompt` tokens on an idle engine.
-pub fn isolated_ttft(m: ModelConfig, prompt: u64) -> f64 {
-    let mut s = Scheduler::new(m);
-    s.submit(Submit::counted(0, prompt, 2));
-    let mut t = 0.0;
-    loop {
-        let step = s.step(t);
-        t += step.duration;
-        if step.kind == StepKind::Idle
-            || step
-                .events
-                .iter()
-                .any(|e| matches!(e, Event::FirstToken { .. } | Event::Finished { .. }))
-        {
-            return t;
-        }
-    }
 }

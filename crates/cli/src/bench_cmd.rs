@@ -4,11 +4,8 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use loadlink_bench::live::{ExternalRouter, LiveVariant};
 use loadlink_bench::plot;
-use loadlink_bench::report::{
-    CacheRow, Row, cache_rows_json, cache_table, json_text, row_json, row_json_with_samples, table,
-};
+use loadlink_bench::report::{CacheRow, Row, cache_rows_json, cache_table, row_json, table};
 use loadlink_bench::scenario::{self, CACHE_VARIANTS, Scenario, VARIANTS, by_name};
 use loadlink_engine::PublishPoint;
 use loadlink_router::LoadSignal;
@@ -20,7 +17,7 @@ pub enum BenchCommand {
     /// Simulate a scenario in virtual time (the production scheduler model, LoadBook and policies).
     Sim(SimArgs),
     /// Run a scenario live: real engine and router processes on loopback, time-compressed.
-    Live(LiveArgs),
+    Live(crate::bench_live::LiveArgs),
     /// Redraw the plots of a results JSON beside it: the TTFT figure if its rows carry the raw
     /// samples (live runs store them), the p99-vs-load figure if it has a sweep.
     Plot(PlotArgs),
@@ -108,10 +105,10 @@ pub struct Common {
     /// (S3's mix on 8 schedulers: 8 engines × 1 rank against 2 × 4 DP ranks, routed per rank and
     /// whole; `bench sim` runs its own comparison, whatever --variants says).
     #[arg(long, default_value = "s1")]
-    scenario: String,
+    pub(crate) scenario: String,
     /// Workload seed (same seed, same workload).
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Offered load as a fraction of nominal fleet capacity (default: the scenario's).
     #[arg(long)]
     load: Option<f64>,
@@ -121,12 +118,12 @@ pub struct Common {
     publish_point: PublishPoint,
     /// Where to write the JSON and the plots (SVG and PNG).
     #[arg(long, default_value = "bench-results")]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
 }
 
 impl Common {
     /// The named scenario with this run's publish point, and the load to offer.
-    fn scenario(&self) -> Result<(Scenario, f64)> {
+    pub(crate) fn scenario(&self) -> Result<(Scenario, f64)> {
         let mut s = by_name(&self.scenario).map_err(anyhow::Error::msg)?;
         s.publish_point = self.publish_point;
         std::fs::create_dir_all(&self.out)
@@ -134,37 +131,6 @@ impl Common {
         let load = self.load.unwrap_or(s.load);
         Ok((s, load))
     }
-}
-
-#[derive(Args)]
-pub struct LiveArgs {
-    #[command(flatten)]
-    common: Common,
-    /// Engine --time-scale: arrivals are sent K times faster and times are scaled back by K.
-    #[arg(long, default_value_t = 4.0)]
-    time_scale: f64,
-    /// Virtual seconds of arrivals per variant (bounded so a run takes minutes, not hours).
-    #[arg(long, default_value_t = 120.0)]
-    duration: f64,
-    /// A loadlink variant, POLICY/SIGNAL (`loadlink route --policy POLICY --load-signal SIGNAL`),
-    /// e.g. power_of_two/backlog; repeatable, run in the order given. Without --variant or
-    /// --external-router: the simulation's seven variants.
-    #[arg(long = "variant", value_name = "POLICY/SIGNAL", value_parser = LiveVariant::parse_loadlink)]
-    variants: Vec<LiveVariant>,
-    /// An external router as a variant, NAME=COMMAND, run after the --variant ones; repeatable.
-    /// One process per router replica, on the same engines and trace. COMMAND is whitespace-split
-    /// (no shell) with placeholders {workers} (engine URLs), {port} (its HTTP port), {metrics_port}
-    /// (a second free port) and {replica} (0-based). Requests then also carry `model` and a text
-    /// `prompt` (docs/benchmarks.md). E.g. 'sglang-cache_aware=python -m
-    /// sglang_router.launch_router --worker-urls {workers} --host 127.0.0.1 --port {port}
-    /// --prometheus-port {metrics_port} --policy cache_aware'
-    #[arg(long = "external-router", value_name = "NAME=COMMAND", value_parser = ExternalRouter::parse)]
-    external_routers: Vec<ExternalRouter>,
-    /// DP ranks per engine: the scenario's schedulers regrouped into engines of R ranks each
-    /// (`loadlink engine --dp-size R`; the scenario's engine count must be a multiple of R). The
-    /// trace is the same (calibration counts schedulers), so 1 and R compare the same load.
-    #[arg(long, default_value_t = 1)]
-    ranks: usize,
 }
 
 #[derive(Args)]
@@ -191,7 +157,7 @@ pub struct SimArgs {
 
 /// Output files name the publish point when it is not the default, so runs do not overwrite each
 /// other: `s1.json`, `s1-scheduled.json`.
-fn point_suffix(s: &Scenario) -> String {
+pub(crate) fn point_suffix(s: &Scenario) -> String {
     if s.publish_point == PublishPoint::default() {
         String::new()
     } else {
@@ -199,7 +165,7 @@ fn point_suffix(s: &Scenario) -> String {
     }
 }
 
-fn stem(s: &Scenario) -> String {
+pub(crate) fn stem(s: &Scenario) -> String {
     format!("{}{}", s.name, point_suffix(s))
 }
 
@@ -210,7 +176,7 @@ fn label(v: (loadlink_router::Policy, LoadSignal)) -> String {
 pub fn run(c: BenchCommand) -> Result<()> {
     let a = match c {
         BenchCommand::Sim(a) => a,
-        BenchCommand::Live(l) => return live(l),
+        BenchCommand::Live(l) => return crate::bench_live::run(l),
         BenchCommand::Plot(p) => return replot(&p.file),
         BenchCommand::Trace(t) => return trace(&t),
         BenchCommand::Fleet(f) => return fleet(f),
@@ -230,7 +196,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
     );
     calibration(&s, seed, load);
     if s.name == "s5" {
-        return rank_comparison(&s, seed, load, out);
+        return crate::bench_ranks::run(&s, seed, load, out);
     }
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);
@@ -359,41 +325,8 @@ fn cache_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()
     Ok(())
 }
 
-/// S5 on one seed: every router on 8 × 1 and on 2 × 4 routed per rank and whole; table, the
-/// default router's acceptance figures, JSON (`{stem}-ranks-seed{seed}.json`) and the default
-/// router's TTFT plot on the three fleets.
-fn rank_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
-    use loadlink_bench::scenario::ranks;
-    let rows = ranks::comparison(s, seed, load, |label| {
-        eprint!("\r{label:<48}");
-        let _ = std::io::stderr().flush();
-    });
-    eprintln!();
-    print!("{}{}", ranks::table(&rows), ranks::acceptance(&rows));
-    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": ranks::rows_json(&rows) });
-    let stem = format!("{}-ranks-seed{seed}", stem(s));
-    let default: Vec<Row> = rows
-        .into_iter()
-        .filter(|r| r.variant.router.label == ranks::DEFAULT_ROUTER)
-        .map(|r| Row {
-            label: r.variant.label(),
-            load,
-            outcome: r.outcome,
-        })
-        .collect();
-    let plots = plot::ttft_cdf(
-        &out.join(format!("{stem}-ttft-cdf")),
-        &plot::ttft_title(s.name, false, s.publish_point.as_str(), load),
-        &default,
-    )?;
-    let path = out.join(format!("{stem}.json"));
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    println!("wrote {}", names(&path, &plots));
-    Ok(())
-}
-
 /// `a.json, a-ttft-cdf.svg, a-ttft-cdf.png`: the JSON's full path, then the other files' names.
-fn names(json: &Path, others: &[PathBuf]) -> String {
+pub(crate) fn names(json: &Path, others: &[PathBuf]) -> String {
     std::iter::once(json.display().to_string())
         .chain(others.iter().map(|p| {
             p.file_name()
@@ -404,7 +337,7 @@ fn names(json: &Path, others: &[PathBuf]) -> String {
 }
 
 /// For prefix workloads: the offered rate and the cache-blind reuse it was calibrated on.
-fn calibration(s: &Scenario, seed: u64, load: f64) {
+pub(crate) fn calibration(s: &Scenario, seed: u64, load: f64) {
     if let Some(r) = scenario::blind_estimate(s, seed) {
         println!(
             "offered {:.2} req/s: {load:.2} × capacity on the prompt tokens a cache-blind fleet computes \
@@ -440,105 +373,4 @@ fn replot(file: &Path) -> Result<()> {
         println!("wrote {}", p.display());
     }
     Ok(())
-}
-
-fn live(a: LiveArgs) -> Result<()> {
-    if !(a.time_scale > 0.0 && a.duration > 0.0) {
-        anyhow::bail!("--time-scale and --duration must be > 0");
-    }
-    let (mut s, load) = a.common.scenario()?;
-    if a.ranks == 0 || s.engines % a.ranks != 0 {
-        anyhow::bail!(
-            "--ranks {}: expected a divisor of the scenario's {} engines",
-            a.ranks,
-            s.engines
-        );
-    }
-    (s.engines, s.ranks) = (s.engines / a.ranks, a.ranks);
-    let (seed, out) = (a.common.seed, &a.common.out);
-    let cfg = loadlink_bench::live::LiveConfig {
-        exe: std::env::current_exe()?,
-        load,
-        scenario: s.clone(),
-        seed,
-        time_scale: a.time_scale,
-        duration_s: a.duration,
-        variants: live_variants(&a),
-    };
-    println!(
-        "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
-        s.name,
-        s.engines,
-        s.ranks,
-        s.about,
-        cfg.load,
-        a.duration,
-        a.time_scale,
-        s.publish_point.as_str()
-    );
-    calibration(&s, seed, load);
-    let load_average_start = load_average();
-    let started = std::time::Instant::now();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let rows = rt
-        .block_on(loadlink_bench::live::run_live(&cfg, |m| {
-            eprint!("\r[{:>5.0}s] {m:<60}", started.elapsed().as_secs_f64());
-            let _ = std::io::stderr().flush();
-        }))
-        .map_err(anyhow::Error::msg)?;
-    eprintln!();
-    print!("{}", table(&rows));
-    // The raw samples go in too, so `bench plot` can redraw without a rerun.
-    let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
-    // How busy the machine was (live figures move with it), and what any external router ran.
-    doc["load_average"] = serde_json::json!({ "start": load_average_start, "end": load_average() });
-    if !a.external_routers.is_empty() {
-        doc["external_routers"] = a
-            .external_routers
-            .iter()
-            .map(|e| serde_json::json!({ "variant": e.name, "command": e.template() }))
-            .collect();
-    }
-    let path = out.join(format!("{}-live{}.json", s.name, point_suffix(&s)));
-    std::fs::write(&path, json_text(&doc))?;
-    let plots = plot::ttft_cdf(
-        &out.join(format!("{}-live{}-ttft-cdf", s.name, point_suffix(&s))),
-        &plot::ttft_title(s.name, true, s.publish_point.as_str(), load),
-        &rows,
-    )?;
-    println!(
-        "wrote {} ({:.0} s wall)",
-        names(&path, &plots),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// The variants `bench live` runs: the named ones, or the simulation's list.
-fn live_variants(a: &LiveArgs) -> Vec<LiveVariant> {
-    let named = a.variants.iter().cloned();
-    let external = a
-        .external_routers
-        .iter()
-        .cloned()
-        .map(LiveVariant::External);
-    let all: Vec<LiveVariant> = named.chain(external).collect();
-    if all.is_empty() {
-        LiveVariant::defaults()
-    } else {
-        all
-    }
-}
-
-/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), when the system says.
-fn load_average() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
 }

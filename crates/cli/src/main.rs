@@ -1,7 +1,9 @@
 //! The `loadlink` binary: flag parsing only; the work lives in the library crates.
 
 mod bench_cmd;
+mod bench_live;
 mod bench_overload;
+mod bench_ranks;
 mod config_file;
 mod demo_cmd;
 mod engine_cmd;

@@ -101,6 +101,40 @@ impl CandidateList {
     }
 }
 
+/// The worker list and its candidate list, swapped in together so a request never sees one
+/// without the other ([`crate::candidate`]).
+#[derive(Debug, Default)]
+pub struct Roster {
+    pub workers: Arc<Vec<Arc<Worker>>>,
+    pub candidates: CandidateList,
+    /// The fleet's rank epoch it was built at ([`crate::fleet::Fleet::roster`] rebuilds it when a
+    /// polled worker has reported a new rank since).
+    epoch: u64,
+}
+
+impl Roster {
+    /// A request's candidates: every rank of the per-rank workers when `ranked`, else one per
+    /// worker.
+    pub fn targets(&self, ranked: bool) -> Candidates<'_> {
+        let list: &[Candidate] = if ranked { &self.candidates.ranked } else { &[] };
+        Candidates::listed(&self.workers, list)
+    }
+
+    pub(crate) fn of(workers: Vec<Arc<Worker>>, field: RankField, epoch: u64) -> Self {
+        let candidates = CandidateList::of(&workers, field);
+        Roster {
+            workers: Arc::new(workers),
+            candidates,
+            epoch,
+        }
+    }
+
+    /// The rank epoch it was built at.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
 /// A request's candidates over a worker list. With no list, one candidate per worker (how every
 /// caller that does not route ranks builds it, at no cost).
 #[derive(Debug, Clone, Copy)]

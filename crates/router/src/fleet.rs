@@ -24,7 +24,8 @@
 use crate::book::Worker;
 use crate::budget::{Budgets, Refusal};
 use crate::cache::CacheBook;
-use crate::candidate::{CandidateList, RankField};
+use crate::candidate::RankField;
+pub use crate::candidate::Roster;
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, Release, SubscriptionId};
@@ -69,36 +70,6 @@ struct Holding {
     kv_ranks: usize,
     /// The soft descriptor limit last seen in force.
     soft: u64,
-}
-
-/// The worker list and its candidate list, swapped in together so a request never sees one
-/// without the other ([`crate::candidate`]).
-#[derive(Debug, Default)]
-pub struct Roster {
-    pub workers: Arc<Vec<Arc<Worker>>>,
-    pub candidates: CandidateList,
-    /// The fleet's rank epoch it was built at ([`Fleet::roster`] rebuilds it when a polled worker
-    /// has reported a new rank since).
-    epoch: u64,
-}
-
-impl Roster {
-    /// A request's candidates: every rank of the per-rank workers when `ranked`, else one per
-    /// worker.
-    pub fn targets(&self, ranked: bool) -> crate::candidate::Candidates<'_> {
-        let list: &[crate::candidate::Candidate] =
-            if ranked { &self.candidates.ranked } else { &[] };
-        crate::candidate::Candidates::listed(&self.workers, list)
-    }
-
-    fn of(workers: Vec<Arc<Worker>>, field: RankField, epoch: u64) -> Self {
-        let candidates = CandidateList::of(&workers, field);
-        Roster {
-            workers: Arc::new(workers),
-            candidates,
-            epoch,
-        }
-    }
 }
 
 /// The live worker set.
@@ -234,7 +205,7 @@ impl Fleet {
     pub fn roster(&self) -> Arc<Roster> {
         let r = self.roster.load_full();
         let epoch = self.rank_epoch.load(std::sync::atomic::Ordering::Acquire);
-        if r.epoch == epoch {
+        if r.epoch() == epoch {
             return r;
         }
         let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
@@ -256,17 +227,13 @@ impl Fleet {
     }
 
     pub fn contains(&self, url: &str) -> bool {
-        self.roster.load().workers.iter().any(|w| w.url == url)
+        self.find(url).is_some()
     }
 
     /// The worker at `url`.
     fn find(&self, url: &str) -> Option<Arc<Worker>> {
-        self.roster
-            .load()
-            .workers
-            .iter()
-            .find(|w| w.url == url)
-            .cloned()
+        let r = self.roster.load();
+        r.workers.iter().find(|w| w.url == url).cloned()
     }
 
     /// One connected SUB per endpoint, or why not (the worker then shows that reason).

@@ -1,4 +1,7 @@
-//! What one run measured, and the quantile every report uses.
+//! What one run measured, the quantile every report uses, and the TTFT floor a request's own
+//! prefill sets ([`isolated_ttft`]).
+
+use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
 
 /// How unevenly the engines' waiting queues were filled, from 1 s samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -67,4 +70,23 @@ pub fn quantile(v: &[f64], p: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Time to the first token of a lone request with `prompt` tokens on an idle engine.
+pub fn isolated_ttft(m: ModelConfig, prompt: u64) -> f64 {
+    let mut s = Scheduler::new(m);
+    s.submit(Submit::counted(0, prompt, 2));
+    let mut t = 0.0;
+    loop {
+        let step = s.step(t);
+        t += step.duration;
+        if step.kind == StepKind::Idle
+            || step
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::FirstToken { .. } | Event::Finished { .. }))
+        {
+            return t;
+        }
+    }
 }

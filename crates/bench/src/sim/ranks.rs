@@ -73,6 +73,31 @@ impl Layout {
     }
 
     /// Schedulers over the fleet.
+    /// Each router replica's book: one worker per engine, with its ranks.
+    pub(crate) fn books(self, routers: usize, epoch: std::time::Instant) -> Vec<Vec<Arc<Worker>>> {
+        let engine = |e| {
+            Arc::new(Worker::new(
+                format!("sim://engine{e}"),
+                self.ranks,
+                None,
+                epoch,
+            ))
+        };
+        (0..routers)
+            .map(|_| (0..self.engines).map(engine).collect())
+            .collect()
+    }
+
+    /// Every rank of every engine as a scheduler of its engine's model, publishing as `cfg` says.
+    pub(crate) fn schedulers(self, cfg: &super::SimConfig) -> Vec<super::engine::SimEngine> {
+        (0..self.units())
+            .map(|u| {
+                let (m, rank) = (cfg.engines[self.engine_of(u)], self.rank_of(u));
+                super::engine::SimEngine::new(rank as u32, m, cfg.publish_point, cfg.publish_every)
+            })
+            .collect()
+    }
+
     pub(crate) fn units(self) -> usize {
         self.engines * self.ranks
     }

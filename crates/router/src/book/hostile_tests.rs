@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::budget::Refusal;
+use std::sync::Arc;
 
 fn extreme(v: i64) -> LoadSnapshot {
     LoadSnapshot {

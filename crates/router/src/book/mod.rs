@@ -14,8 +14,9 @@
 //! operation on a peer's number is checked or saturating (a debug build must not panic on any
 //! report), and what is clamped or dropped is counted as a refusal ([`crate::budget`]).
 //!
-//! Whether a worker may be tried at all is not load: its [`breaker`] and [`health`] live in their
-//! own types, held by the [`Worker`].
+//! The merge itself is in [`load`] (for a worker and for one DP rank), the dispatch and open-request
+//! counting in [`guard`]. Whether a worker may be tried at all is not load: its [`breaker`] and
+//! [`health`] live in their own types, held by the [`Worker`].
 //!
 //! For pricing in time ([`Worker::pricing_at`]) the book also keeps each rank's measured prefill
 //! speed ([`prefill_rate`]), its KV usage, and the prompt tokens this router dispatched since the
@@ -23,13 +24,16 @@
 //! dispatch that does not say).
 
 mod breaker;
+mod guard;
 mod health;
+mod load;
 pub mod prefill_rate;
 mod pricing;
 pub mod ranks;
 pub mod source;
 
 pub use breaker::Breaker;
+pub use guard::InflightGuard;
 pub use health::Health;
 pub use pricing::Pricing;
 pub use ranks::{RankOutOfRange, RankRouted, RankState, RankTable};
@@ -38,7 +42,6 @@ pub use source::{LoadSourceKind, LoadSourceState};
 use crate::budget::Refusal;
 use loadlink_wire::{FrameError, LoadSnapshot};
 use prefill_rate::PRIOR_US_PER_TOKEN;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -430,57 +433,6 @@ impl Worker {
             .store(oldest, std::sync::atomic::Ordering::Release);
     }
 
-    /// The worker's load under `signal`, with snapshots valid for `freshness_ms`.
-    pub fn load(&self, signal: LoadSignal, freshness_ms: u64) -> Load {
-        self.load_at(signal, freshness_ms, self.now_ms())
-    }
-
-    /// [`Worker::load`] at a given `now` (from [`Worker::now_ms`]).
-    #[inline]
-    pub fn load_at(&self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
-        let f = self.inflight.load(Relaxed);
-        if self.ranks.is_empty() {
-            return Figures::inflight_only(f).merge(signal, freshness_ms, now);
-        }
-        let oldest_rx = self
-            .agg_oldest_rx
-            .load(std::sync::atomic::Ordering::Acquire);
-        let mark = self.agg_mark.load(Relaxed);
-        Figures {
-            inflight: f,
-            received_ms: oldest_rx,
-            requests: self.agg_requests.load(Relaxed),
-            tokens: self.agg_tokens.load(Relaxed),
-            backlog: self.agg_backlog.load(Relaxed),
-            dispatched_since: self.dispatched.load(Relaxed).saturating_sub(mark),
-        }
-        .merge(signal, freshness_ms, now)
-    }
-
-    /// The load of DP rank `rank` alone, as [`Worker::load_at`] merges it for the whole worker: the
-    /// rank's engine figures, fresh on their own, plus what this router routed to the rank by name
-    /// since its snapshot; else this router's open requests routed there. A rank without a slot is
-    /// priced as the whole worker.
-    #[inline]
-    pub fn rank_load_at(&self, rank: u32, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
-        let Some(r) = self.ranks.get(rank as usize) else {
-            return self.load_at(signal, freshness_ms, now);
-        };
-        let routed = &r.routed;
-        Figures {
-            inflight: routed.inflight.load(Relaxed),
-            received_ms: r.received_ms.load(std::sync::atomic::Ordering::Acquire),
-            requests: r.requests.load(Relaxed),
-            tokens: r.tokens.load(Relaxed),
-            backlog: r.backlog.load(Relaxed),
-            dispatched_since: routed
-                .dispatched
-                .load(Relaxed)
-                .saturating_sub(routed.dispatch_mark.load(Relaxed)),
-        }
-        .merge(signal, freshness_ms, now)
-    }
-
     /// Whether the breaker lets traffic through and health checks pass.
     pub fn available(&self) -> bool {
         self.available_at(self.now_ms())
@@ -517,75 +469,6 @@ impl Worker {
     }
 }
 
-/// What one load is merged from: a worker's sums over its ranks, or one rank's own figures.
-struct Figures {
-    /// This router's open requests.
-    inflight: i64,
-    /// Receive time of the (oldest) snapshot, ms; 0: none yet.
-    received_ms: u64,
-    requests: i64,
-    tokens: i64,
-    backlog: i64,
-    /// This router's dispatches since that snapshot.
-    dispatched_since: u64,
-}
-
-impl Figures {
-    fn inflight_only(inflight: i64) -> Self {
-        Figures {
-            inflight,
-            received_ms: 0,
-            requests: 0,
-            tokens: 0,
-            backlog: 0,
-            dispatched_since: 0,
-        }
-    }
-
-    /// `max(F, E + D)` when the snapshot is fresh and the signal is the engine's, else `F`.
-    #[inline]
-    fn merge(self, signal: LoadSignal, freshness_ms: u64, now: u64) -> Load {
-        let f = self.inflight.max(0);
-        // Under the backlog signal every score is in prompt tokens, fallback included.
-        let unit = if signal == LoadSignal::Backlog {
-            DISPATCH_TOKENS_GUESS
-        } else {
-            1
-        };
-        let age_ms = if self.received_ms == 0 {
-            u64::MAX
-        } else {
-            now.saturating_sub(self.received_ms)
-        };
-        if signal == LoadSignal::Inflight || age_ms > freshness_ms {
-            return Load {
-                requests: f,
-                tokens: 0,
-                score: f.saturating_mul(unit),
-                source: Source::Fallback,
-                age_ms,
-            };
-        }
-        let e = self.requests;
-        let d = i64::try_from(self.dispatched_since).unwrap_or(i64::MAX);
-        let requests = f.max(e.saturating_add(d));
-        let score = match signal {
-            LoadSignal::Backlog => self
-                .backlog
-                .saturating_add(d.saturating_mul(DISPATCH_TOKENS_GUESS))
-                .saturating_add(e.saturating_mul(REQUEST_TOKENS_WEIGHT)),
-            _ => requests,
-        };
-        Load {
-            requests,
-            score,
-            tokens: self.tokens,
-            source: Source::Engine,
-            age_ms,
-        }
-    }
-}
-
 /// What a sequence number told us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqEvent {
@@ -596,76 +479,6 @@ pub enum SeqEvent {
     UnknownRank,
     /// A negative seq: refused, the rank's seq left as it was.
     OutOfRange,
-}
-
-/// An in-flight request on a worker (or one of its ranks); releases the count when dropped (body
-/// end or disconnect).
-#[derive(Debug)]
-pub struct InflightGuard {
-    worker: Arc<Worker>,
-    /// The rank it was routed to by name, if any (counted there too).
-    rank: Option<u32>,
-    /// The uncached tokens it was dispatched with.
-    tokens: u64,
-}
-
-impl InflightGuard {
-    /// Counts a dispatch and an open request on `worker`, expected to prefill
-    /// [`DISPATCH_TOKENS_GUESS`] tokens there.
-    pub fn new(worker: Arc<Worker>) -> Self {
-        Self::with_tokens(worker, DISPATCH_TOKENS_GUESS as u64)
-    }
-
-    /// [`InflightGuard::new`] for a request expected to prefill `uncached_tokens` there (its prompt
-    /// minus the prefix the router believes cached), so cost policies count what was dispatched
-    /// since the last snapshot in tokens.
-    pub fn with_tokens(worker: Arc<Worker>, uncached_tokens: u64) -> Self {
-        Self::to_target(worker, None, uncached_tokens)
-    }
-
-    /// [`InflightGuard::with_tokens`] for a request routed to `rank` of `worker` by name: counted on
-    /// the worker and on the rank ([`Worker::rank_load_at`]).
-    pub fn to_target(worker: Arc<Worker>, rank: Option<u32>, uncached_tokens: u64) -> Self {
-        worker.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
-        worker.inflight_tokens.fetch_add(uncached_tokens, Relaxed);
-        worker.inflight.fetch_add(1, Relaxed);
-        worker.dispatched.fetch_add(1, Relaxed);
-        worker.requests_total.fetch_add(1, Relaxed);
-        let rank = rank.filter(|&r| worker.ranks.get(r as usize).is_some());
-        if let Some(r) = rank.and_then(|r| worker.ranks.get(r as usize)) {
-            let routed = &r.routed;
-            routed.dispatched_tokens.fetch_add(uncached_tokens, Relaxed);
-            routed.inflight_tokens.fetch_add(uncached_tokens, Relaxed);
-            routed.inflight.fetch_add(1, Relaxed);
-            routed.dispatched.fetch_add(1, Relaxed);
-            routed.requests_total.fetch_add(1, Relaxed);
-        }
-        InflightGuard {
-            worker,
-            rank,
-            tokens: uncached_tokens,
-        }
-    }
-
-    pub fn worker(&self) -> &Arc<Worker> {
-        &self.worker
-    }
-
-    /// The rank it was routed to by name.
-    pub fn rank(&self) -> Option<u32> {
-        self.rank
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.worker.inflight.fetch_sub(1, Relaxed);
-        self.worker.inflight_tokens.fetch_sub(self.tokens, Relaxed);
-        if let Some(r) = self.rank.and_then(|r| self.worker.ranks.get(r as usize)) {
-            r.routed.inflight.fetch_sub(1, Relaxed);
-            r.routed.inflight_tokens.fetch_sub(self.tokens, Relaxed);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use super::*;
 use crate::candidate::CandidateList;
 use crate::fleet_view::FleetView;
 use crate::policy::{MinTtft, View};
+use std::sync::Arc;
 
 fn snap(running: i64, waiting: i64, backlog: i64) -> LoadSnapshot {
     LoadSnapshot {

@@ -2,6 +2,7 @@
 //! prefill-rate meter.
 
 use super::*;
+use std::sync::Arc;
 
 fn snap(running: i64, waiting: i64) -> LoadSnapshot {
     LoadSnapshot {

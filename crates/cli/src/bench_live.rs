@@ -1,0 +1,151 @@
+//! `loadlink bench live`: a scenario's trace on real `loadlink engine` processes, through
+//! loadlink's router variants and external routers (SMG, sglang-router) started from command
+//! templates, with `--ranks` for engines of several DP ranks; its flags, table, JSON and plots.
+
+use crate::bench_cmd::Common;
+use anyhow::Result;
+use clap::Args;
+use loadlink_bench::live::{ExternalRouter, LiveVariant};
+use loadlink_bench::plot;
+use loadlink_bench::report::{json_text, row_json_with_samples, table};
+use std::io::Write;
+
+#[derive(Args)]
+pub struct LiveArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Engine --time-scale: arrivals are sent K times faster and times are scaled back by K.
+    #[arg(long, default_value_t = 4.0)]
+    time_scale: f64,
+    /// Virtual seconds of arrivals per variant (bounded so a run takes minutes, not hours).
+    #[arg(long, default_value_t = 120.0)]
+    duration: f64,
+    /// A loadlink variant, POLICY/SIGNAL (`loadlink route --policy POLICY --load-signal SIGNAL`),
+    /// e.g. power_of_two/backlog; repeatable, run in the order given. Without --variant or
+    /// --external-router: the simulation's seven variants.
+    #[arg(long = "variant", value_name = "POLICY/SIGNAL", value_parser = LiveVariant::parse_loadlink)]
+    variants: Vec<LiveVariant>,
+    /// An external router as a variant, NAME=COMMAND, run after the --variant ones; repeatable.
+    /// One process per router replica, on the same engines and trace. COMMAND is whitespace-split
+    /// (no shell) with placeholders {workers} (engine URLs), {port} (its HTTP port), {metrics_port}
+    /// (a second free port) and {replica} (0-based). Requests then also carry `model` and a text
+    /// `prompt` (docs/benchmarks.md). E.g. 'sglang-cache_aware=python -m
+    /// sglang_router.launch_router --worker-urls {workers} --host 127.0.0.1 --port {port}
+    /// --prometheus-port {metrics_port} --policy cache_aware'
+    #[arg(long = "external-router", value_name = "NAME=COMMAND", value_parser = ExternalRouter::parse)]
+    external_routers: Vec<ExternalRouter>,
+    /// DP ranks per engine: the scenario's schedulers regrouped into engines of R ranks each
+    /// (`loadlink engine --dp-size R`; the scenario's engine count must be a multiple of R). The
+    /// trace is the same (calibration counts schedulers), so 1 and R compare the same load.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+}
+
+pub fn run(a: LiveArgs) -> Result<()> {
+    if !(a.time_scale > 0.0 && a.duration > 0.0) {
+        anyhow::bail!("--time-scale and --duration must be > 0");
+    }
+    let (mut s, load) = a.common.scenario()?;
+    if a.ranks == 0 || s.engines % a.ranks != 0 {
+        anyhow::bail!(
+            "--ranks {}: expected a divisor of the scenario's {} engines",
+            a.ranks,
+            s.engines
+        );
+    }
+    (s.engines, s.ranks) = (s.engines / a.ranks, a.ranks);
+    let (seed, out) = (a.common.seed, &a.common.out);
+    let cfg = loadlink_bench::live::LiveConfig {
+        exe: std::env::current_exe()?,
+        load,
+        scenario: s.clone(),
+        seed,
+        time_scale: a.time_scale,
+        duration_s: a.duration,
+        variants: live_variants(&a),
+    };
+    println!(
+        "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
+        s.name,
+        s.engines,
+        s.ranks,
+        s.about,
+        cfg.load,
+        a.duration,
+        a.time_scale,
+        s.publish_point.as_str()
+    );
+    crate::bench_cmd::calibration(&s, seed, load);
+    let load_average_start = load_average();
+    let started = std::time::Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let rows = rt
+        .block_on(loadlink_bench::live::run_live(&cfg, |m| {
+            eprint!("\r[{:>5.0}s] {m:<60}", started.elapsed().as_secs_f64());
+            let _ = std::io::stderr().flush();
+        }))
+        .map_err(anyhow::Error::msg)?;
+    eprintln!();
+    print!("{}", table(&rows));
+    // The raw samples go in too, so `bench plot` can redraw without a rerun.
+    let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
+    // How busy the machine was (live figures move with it), and what any external router ran.
+    doc["load_average"] = serde_json::json!({ "start": load_average_start, "end": load_average() });
+    if !a.external_routers.is_empty() {
+        doc["external_routers"] = a
+            .external_routers
+            .iter()
+            .map(|e| serde_json::json!({ "variant": e.name, "command": e.template() }))
+            .collect();
+    }
+    let path = out.join(format!(
+        "{}-live{}.json",
+        s.name,
+        crate::bench_cmd::point_suffix(&s)
+    ));
+    std::fs::write(&path, json_text(&doc))?;
+    let plots = plot::ttft_cdf(
+        &out.join(format!(
+            "{}-live{}-ttft-cdf",
+            s.name,
+            crate::bench_cmd::point_suffix(&s)
+        )),
+        &plot::ttft_title(s.name, true, s.publish_point.as_str(), load),
+        &rows,
+    )?;
+    println!(
+        "wrote {} ({:.0} s wall)",
+        crate::bench_cmd::names(&path, &plots),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The variants `bench live` runs: the named ones, or the simulation's list.
+fn live_variants(a: &LiveArgs) -> Vec<LiveVariant> {
+    let named = a.variants.iter().cloned();
+    let external = a
+        .external_routers
+        .iter()
+        .cloned()
+        .map(LiveVariant::External);
+    let all: Vec<LiveVariant> = named.chain(external).collect();
+    if all.is_empty() {
+        LiveVariant::defaults()
+    } else {
+        all
+    }
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), when the system says.
+fn load_average() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
