@@ -247,9 +247,9 @@ pub async fn forward(
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
     };
     let cfg = &st.cfg;
-    let client_rank = match ClientRank::of(uri.path(), &headers, &body) {
+    let client_rank = match client_rank(&st, uri.path(), &headers, &body).await {
         Ok(r) => r,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
+        Err(refused) => return refused,
     };
     let mut out = Outgoing::new(method, &uri, headers, body, cfg.dp_rank_field);
     out.client_named_rank = client_rank.rank().is_some();
@@ -306,6 +306,26 @@ pub async fn forward(
         }
     }
     all_failed(&st, &last_error)
+}
+
+/// The rank the client named itself, if any (a 400 for one the engine would refuse). Scanning and
+/// parsing a large body runs on the request-work pool, off the executor, as the cache lookup does.
+async fn client_rank(
+    st: &Arc<AppState>,
+    path: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<ClientRank, Response> {
+    let work = &st.admission.work;
+    let read = if work.inline(body.len()) {
+        ClientRank::of(path, headers, body)
+    } else {
+        let (path, headers, body) = (path.to_string(), headers.clone(), body.clone());
+        work.run(move || ClientRank::of(&path, &headers, &body))
+            .await
+            .map_err(|e| work_refused(st, &e))?
+    };
+    read.map_err(|e| error_response(StatusCode::BAD_REQUEST, &e))
 }
 
 /// This request's cached prefix on every candidate, when the policy prices caches. The parse,
