@@ -6,6 +6,7 @@
 //! * [`codec`] — msgspec-exact encoding, tolerant decoding, the payload detector;
 //! * [`frame`] — the three-frame message `[topic, i64 BE seq, payload]`;
 //! * [`kv_events`] — the KV-event stream's `KVEventBatch` (SGLang/vLLM encoding) and page hashes;
+//! * [`kv_snapshot`] — `snapshot-v1` replies on the replay socket and the epoch topic suffix;
 //! * [`endpoint`], [`ports`] — tcp endpoint parsing and the one port-range resolver;
 //! * [`descriptor`] — the `/server_info` `kv_events` block, built and parsed;
 //! * [`discovery`] — worker URL + `/server_info` body → load endpoints, or why there are none;
@@ -24,6 +25,7 @@ pub mod endpoint;
 pub mod error;
 pub mod frame;
 pub mod kv_events;
+pub mod kv_snapshot;
 pub mod loads;
 mod msgpack;
 pub mod polled;
