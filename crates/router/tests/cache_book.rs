@@ -4,7 +4,7 @@
 
 use loadlink_router::Worker;
 use loadlink_router::budget::Refusal;
-use loadlink_router::cache::{CacheBook, PrefixSettings};
+use loadlink_router::cache::{CacheBook, PrefixSettings, View};
 use loadlink_router::candidate::Candidates;
 use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
 use serde_json::json;
@@ -53,6 +53,9 @@ fn a_rank_over_its_quota_is_priced_from_the_tree_and_never_refilled() {
     let ws = [w.clone(), fine.clone()];
     let s = book.register(&w, 4, 2);
     let f = book.register(&fine, 4, 1);
+    for (_, st) in s.iter().chain(&f) {
+        st.set_view(View::Complete); // as the ingest does once a snapshot is loaded
+    }
     book.apply(s[0].0, &stored(&hashes(0, 50)));
     book.apply(f[0].0, &stored(&hashes(0, 100)));
     book.apply(s[1].0, &stored(&hashes(1_000, 150)));

@@ -34,7 +34,8 @@ use super::stream::{CacheCounters, ResyncReason, StreamStats};
 use crate::book::Worker;
 use crate::budget::Refusal;
 use crate::candidate::Candidates;
-use loadlink_wire::kv_events::{KvEvent, KvEventBatch};
+use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
+use loadlink_wire::kv_snapshot::SnapshotRecord;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 use std::cell::RefCell;
@@ -157,8 +158,8 @@ impl CacheBook {
         self.inner.write()
     }
 
-    /// For each candidate: whether it is indexed (it has a KV-event stream and is not over its
-    /// quota; a whole worker: every rank of it), and (into `blocks`, resized) the blocks it holds
+    /// For each candidate: whether it is indexed (it has a KV-event stream whose view is complete
+    /// and not over its quota; a whole worker: every rank of it), and (into `blocks`, resized) the blocks it holds
     /// (a whole worker: its fullest rank).
     pub fn stream_blocks(&self, targets: Candidates<'_>, blocks: &mut Vec<u64>) -> Vec<bool> {
         blocks.clear();
@@ -176,7 +177,8 @@ impl CacheBook {
                 for r in e.of(c.rank) {
                     let st = g.index.slot_stats(r.slot);
                     *b = (*b).max(st.blocks);
-                    indexed &= !st.over_quota;
+                    // Only a complete view answers alone (see `View`).
+                    indexed &= !st.over_quota && !st.needs_resync && r.stats.view().is_complete();
                 }
                 indexed
             })
@@ -295,6 +297,18 @@ impl CacheBook {
         }
         let over = g.index.take_over_quota();
         let pending = g.index.pending_unlinks() > 0;
+        drop(g);
+        if !over.is_empty() {
+            self.refuse_over_quota(&over);
+        }
+        if pending {
+            self.finish_unlinks();
+        }
+    }
+
+    /// Counts an `index_quota` refusal on the worker of each slot in `over` (gone over quota).
+    fn refuse_over_quota(&self, over: &[Slot]) {
+        let g = self.read();
         let refused: Vec<(Arc<Worker>, u32)> = over.iter().filter_map(|s| owner(&g, *s)).collect();
         let quota = g.index.slot_quota();
         drop(g);
@@ -305,9 +319,34 @@ impl CacheBook {
                 )
             });
         }
-        if pending {
-            self.finish_unlinks();
+        self.finish_unlinks();
+    }
+
+    /// Stores a snapshot chunk's records in stream `id`'s slot, under one write lock (records come
+    /// parent first, so the index's nesting holds as they land); returns the blocks they carry.
+    pub fn load_records(&self, id: Slot, records: Vec<SnapshotRecord>, block_size: i64) -> u64 {
+        let mut g = self.write();
+        let Some(&slot) = g.streams.get(&id) else {
+            return 0;
+        };
+        let mut blocks = 0;
+        for r in records {
+            blocks += r.blocks.len() as u64;
+            let e = KvEvent::Stored(BlockStored {
+                block_hashes: r.blocks,
+                parent_block_hash: r.parent,
+                block_size,
+                medium: r.medium,
+                ..Default::default()
+            });
+            g.index.apply(slot, &e);
         }
+        let over = g.index.take_over_quota();
+        drop(g);
+        if !over.is_empty() {
+            self.refuse_over_quota(&over);
+        }
+        blocks
     }
 
     /// Clears stream `id`'s slot to rebuild it, counting why; `stale` marks the rebuilt view

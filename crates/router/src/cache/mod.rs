@@ -36,5 +36,5 @@ pub use book::{CacheBook, DEFAULT_MAX_BLOCKS, UNLINK_STEP};
 pub use index::{KvIndex, Slot, SlotStats};
 pub use lookup::{Lookup, PrefixSettings, PrefixSource};
 pub use request::PromptChain;
-pub use stream::{CacheCounters, EVENT_TYPES, ResyncReason, StreamStats};
+pub use stream::{CacheCounters, EVENT_TYPES, ResyncReason, StreamStats, View};
 pub use tokenizer::RouterTokenizer;

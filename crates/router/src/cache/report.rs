@@ -4,7 +4,7 @@
 
 use super::approx_slots::key;
 use super::book::CacheBook;
-use super::stream::{EVENT_TYPES, ResyncReason};
+use super::stream::{EVENT_TYPES, ResyncReason, View};
 use crate::book::Worker;
 use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType};
 use serde_json::{Value, json};
@@ -34,6 +34,27 @@ loadlink_wire::label_set! {
     struct RankLabels<'a> { worker: &'a str, rank: u32 }
 }
 
+loadlink_wire::label_set! {
+    /// `{view="complete"}`.
+    struct ViewLabels<'a> { view: &'a str }
+}
+
+/// Why a worker's ranks are priced from the index and the tree together, from their views.
+fn incomplete_reason(views: &[&'static str]) -> Option<String> {
+    let off: Vec<String> = views
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| **v != View::Complete.as_str())
+        .map(|(r, v)| format!("rank {r}: {v}"))
+        .collect();
+    (!off.is_empty()).then(|| {
+        format!(
+            "cache view incomplete ({}): priced from the index and the approximate tree together",
+            off.join(", ")
+        )
+    })
+}
+
 impl CacheBook {
     /// `worker`'s `kv_events` object for `/workers`: `{blocks, gaps, replays, resyncs,
     /// needs_resync, last_seq: [per rank], rank_blocks: [per rank], block_size, rank_quota, over_quota_ranks: [ranks],
@@ -47,9 +68,16 @@ impl CacheBook {
         };
         let (mut blocks, mut gaps, mut replays, mut resyncs, mut stale) = (0, 0, 0, 0, false);
         let (mut last, mut over, mut per_rank) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut views, mut epochs, mut snapshots) = (Vec::new(), Vec::new(), 0);
         for r in &e.ranks {
             let (st, s) = (g.index.slot_stats(r.slot), &r.stats);
             per_rank.push(st.blocks);
+            let view = s.view();
+            stale |= !view.is_complete();
+            views.push(view.as_str());
+            let epoch = s.epoch.load(Relaxed);
+            epochs.push((epoch > 0).then_some(epoch));
+            snapshots += s.snapshots.load(Relaxed);
             if st.over_quota {
                 over.push(s.rank);
             }
@@ -62,15 +90,18 @@ impl CacheBook {
             last.push(if seq < 0 { Value::Null } else { json!(seq) });
         }
         let quota = g.index.slot_quota();
-        let reason = (!over.is_empty()).then(|| {
-            format!(
+        let reason = if !over.is_empty() {
+            Some(format!(
                 "rank(s) {over:?} stored more than {quota} blocks (--kv-index-max-blocks-per-rank): not indexed, priced from the approximate tree"
-            )
-        });
+            ))
+        } else {
+            incomplete_reason(&views)
+        };
         let v = json!({
             "blocks": blocks, "gaps": gaps, "replays": replays, "resyncs": resyncs,
             "needs_resync": stale, "last_seq": last, "rank_blocks": per_rank, "block_size": e.block_size,
             "rank_quota": quota, "over_quota_ranks": over, "not_indexed_reason": reason,
+            "views": views, "epochs": epochs, "snapshots": snapshots,
         });
         (v, None)
     }
@@ -139,9 +170,34 @@ impl CacheBook {
     }
 
     /// The plain `loadlink_kv_*` counters: (name, help, value).
-    fn counter_rows(&self, dropped: u64) -> [(&'static str, &'static str, u64); 9] {
+    fn counter_rows(&self, dropped: u64) -> [(&'static str, &'static str, u64); 14] {
         let c = &self.counters;
         [
+            (
+                "loadlink_kv_snapshots_requested_total",
+                "Snapshots asked of engines' replay sockets (join, uncovered gap, restart, new epoch)",
+                c.snapshots_requested.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_snapshots_loaded_total",
+                "Snapshots loaded whole into the index",
+                c.snapshots_loaded.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_snapshots_failed_total",
+                "Snapshots that failed (error, timeout, malformed, or an engine without snapshots); the rank fell back to a replay",
+                c.snapshots_failed.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_snapshot_blocks_total",
+                "Blocks loaded from snapshots",
+                c.snapshot_blocks.load(Relaxed),
+            ),
+            (
+                "loadlink_kv_fenced_total",
+                "KV batches dropped because they came from an older engine lifetime (epoch) than the rank follows",
+                c.fenced.load(Relaxed),
+            ),
             (
                 "loadlink_kv_index_dropped_blocks_total",
                 "Blocks refused at the index bound (their ranks need a resync)",
@@ -194,11 +250,17 @@ impl CacheBook {
         let g = self.read();
         let mut rows = Vec::with_capacity(workers.len());
         let mut ranks = Vec::new();
+        let mut views = [0u64; View::ALL.len()];
         for w in workers {
             if let Some(entry) = g.workers.get(&key(w)) {
                 let stats = entry.ranks.iter().map(|r| g.index.slot_stats(r.slot));
-                let (blocks, stale) =
+                let (blocks, mut stale) =
                     stats.fold((0, false), |(b, st), x| (b + x.blocks, st | x.needs_resync));
+                for r in &entry.ranks {
+                    let v = r.stats.view();
+                    stale |= !v.is_complete();
+                    views[v as usize] += 1;
+                }
                 rows.push((&w.url, blocks, stale));
                 for r in &entry.ranks {
                     ranks.push((&w.url, r.stats.rank, g.index.slot_stats(r.slot).blocks));
@@ -229,9 +291,17 @@ impl CacheBook {
             f.sample(&WorkerLabels { worker: url }, *blocks);
         }
         let mut f = e.family(
+            "loadlink_kv_rank_views",
+            MetricType::Gauge,
+            "Worker ranks with a KV-event stream, by how complete the index's view of their cache is (only complete ranks are priced from the index alone)",
+        );
+        for v in View::ALL {
+            f.sample(&ViewLabels { view: v.as_str() }, views[v as usize]);
+        }
+        let mut f = e.family(
             "loadlink_worker_kv_needs_resync",
             MetricType::Gauge,
-            "1 while a worker's cache view is known to be incomplete",
+            "1 while a worker's cache view is known to be incomplete (a rank not complete, or blocks dropped at the bound)",
         );
         for (url, _, stale) in &rows {
             f.sample(&WorkerLabels { worker: url }, u64::from(*stale));

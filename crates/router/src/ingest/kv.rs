@@ -15,21 +15,28 @@
 //! (its seq goes back); the sweep reads that rank's load-restart counter and resyncs the KV slot
 //! (clear, replay from 0) when it moved.
 //!
-//! Why a replay first on subscription: PUB/SUB delivers only what is published after the
-//! connection is up, and an engine may have filled its cache long before; the replay from seq 0
-//! brings the index up to the engine's state (as far as its buffer reaches, else the slot is
-//! marked incomplete).
+//! Why a snapshot first on subscription: PUB/SUB delivers only what is published after the
+//! connection is up, and an engine may have filled its cache long before. A snapshot
+//! ([`super::kv_snapshot`]) brings the slot to the engine's state at a barrier seq; an engine
+//! without snapshots is replayed from seq 0 instead (as far as its buffer reaches, else the slot
+//! says it is incomplete). Uncovered gaps, restarts and new epochs recover the same way.
+//!
+//! Epochs: a topic frame ending in `\0sgl-kv-epoch=N` names the engine lifetime that published
+//! it. A batch from an older lifetime than the stream follows is dropped (counted as fenced); a
+//! newer one is a restart.
 
 pub(super) use super::drain::readable;
 use super::epoll::Epoll;
 use super::kv_replay::ReplaySocket;
 use super::kv_seq::{Live, Sequencer};
+use super::kv_snapshot::SnapshotSupport;
 pub use super::kv_subscribe::{KvSocket, KvSubscription, open_kv_sub, subscribe};
 use crate::book::Worker;
 use crate::cache::{CacheBook, ResyncReason};
 use crate::zctx::FleetContext;
 use loadlink_wire::frame::split_frames;
 use loadlink_wire::kv_events::decode_kv_batch;
+use loadlink_wire::kv_snapshot::split_epoch_topic;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hasher};
 use std::os::fd::RawFd;
@@ -83,6 +90,13 @@ pub(super) struct Stream {
     pub(super) last_rx: Instant,
     /// Messages one drain of its SUB or its replay DEALER may take (`Budgets::wakeup_messages`).
     pub(super) wakeup: u64,
+    /// Whether the engine serves snapshots, and when a failed one may be asked again.
+    pub(super) snapshots: SnapshotSupport,
+    pub(super) snapshot_backoff: Option<Instant>,
+    /// The engine lifetime the slot follows (from topic frames and snapshot headers).
+    pub(super) epoch: Option<u64>,
+    /// The worker's advertised block size (what snapshot records are stored with).
+    pub(super) block_size: i64,
 }
 
 pub(super) fn digest(bytes: &[u8]) -> u64 {
@@ -162,10 +176,14 @@ impl KvStreams {
                 probe: None,
                 last_rx: Instant::now(),
                 wakeup: self.wakeup,
+                snapshots: SnapshotSupport::Unknown,
+                snapshot_backoff: None,
+                epoch: None,
+                block_size: sub.block_size,
             };
             s.schedule_probes();
             s.load_restarts = s.load_restarts_now();
-            s.start_replay(epoll, ctx, i);
+            s.recover(epoll, ctx, i);
             if s.drain_live(epoll, ctx, i) {
                 self.revisit.push(KV_TAG | i as u64);
             }
@@ -279,19 +297,8 @@ impl Stream {
             return;
         }
         self.load_restarts = now;
-        tracing::info!(
-            rank = self.k.rank,
-            "engine restarted (load stream): resyncing KV events"
-        );
-        self.close_replay(epoll);
-        self.seq.abort_replay();
-        self.resync(ResyncReason::Restart, false);
-        self.seq.reset();
         self.schedule_probes();
-        if !self.start_replay(epoll, ctx, i) {
-            self.seq.accept_any_next();
-            self.flush_held(epoll, ctx, i);
-        }
+        self.restarted(epoll, ctx, i, "engine restarted (load stream)");
     }
 
     /// Receives up to [`Stream::wakeup`] live batches; true when it stopped there (messages may
@@ -306,13 +313,18 @@ impl Stream {
                 Ok(frames) => {
                     taken += 1;
                     self.last_rx = Instant::now();
-                    let seq = match split_frames(&frames) {
-                        Ok(raw) => raw.seq,
+                    let (seq, epoch) = match split_frames(&frames) {
+                        Ok(raw) => (raw.seq, split_epoch_topic(raw.topic).1),
                         Err(_) => {
                             self.book.counters.decode_errors.fetch_add(1, Relaxed);
                             continue;
                         }
                     };
+                    match self.fence(epoch) {
+                        Some(true) => continue,
+                        Some(false) => self.restarted(epoll, ctx, i, "a new epoch in the topic"),
+                        None => {}
+                    }
                     let payload = frames.into_iter().nth(2).unwrap_or_default();
                     self.on_live(epoll, ctx, i, seq, payload);
                 }
@@ -334,13 +346,13 @@ impl Stream {
             }
             Live::Hold => self.hold(seq, p),
             Live::Restart => {
-                tracing::info!(
-                    rank = self.k.rank,
-                    "KV-event stream restarted (seq went back to {seq})"
-                );
-                self.resync(ResyncReason::Restart, false);
                 self.load_restarts = self.load_restarts_now();
-                self.seq.reset();
+                self.restarted(
+                    epoll,
+                    ctx,
+                    i,
+                    &format!("restarted (seq went back to {seq})"),
+                );
                 self.on_live(epoll, ctx, i, seq, p);
             }
             Live::Gap { from } => {
@@ -356,6 +368,7 @@ impl Stream {
                         ResyncReason::NoReplay
                     };
                     self.resync(why, true);
+                    self.k.stats.set_view(self.incomplete_view());
                     self.seq.accept_any_next();
                     self.apply(seq, &p, true);
                 }

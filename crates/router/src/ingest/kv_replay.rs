@@ -1,13 +1,16 @@
 //! The replay side of a KV-event stream ([`super::kv`]): a DEALER opened when a replay is
 //! needed, registered in the ingest's epoll set, read as the answer arrives, and closed when the
 //! replay ends, fails, or stalls (and is then continued). Its own module so the live side and the
-//! replay side of a stream each read on one screen.
+//! replay side of a stream each read on one screen. The same DEALER carries snapshot requests
+//! ([`super::kv_snapshot`]); their answers are told apart by their frame count.
 
 use super::epoll::Epoll;
 use super::kv::{REPLAY_BACKOFF, REPLAY_TAG, REPLAY_TIMEOUT, Stream, digest, readable};
 use super::kv_seq::Replayed;
-use crate::cache::ResyncReason;
+use super::kv_snapshot::SnapshotLoad;
+use crate::cache::{ResyncReason, View};
 use crate::zctx::FleetContext;
+use loadlink_wire::kv_snapshot::split_epoch_topic;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -26,14 +29,33 @@ pub(super) struct ReplaySocket {
     pub(super) truncated: bool,
     /// Asked for while the SUB may still be connecting (not because of a gap).
     pub(super) probe: bool,
+    /// Asked from before the engine's first batch (a replay that covers it makes the view whole).
+    pub(super) from_scratch: bool,
+    /// A snapshot request, not a replay ([`super::kv_snapshot`]).
+    pub(super) snapshot: Option<SnapshotLoad>,
+}
+
+impl ReplaySocket {
+    pub(super) fn new(dealer: zmq::Socket, fd: RawFd) -> Self {
+        ReplaySocket {
+            dealer,
+            fd,
+            deadline: Instant::now() + REPLAY_TIMEOUT,
+            last_rx: Instant::now(),
+            first: true,
+            failed: false,
+            truncated: false,
+            probe: false,
+            from_scratch: false,
+            snapshot: None,
+        }
+    }
 }
 
 impl Stream {
-    /// Opens a DEALER and asks for the batches from the sequencer's start; false without one.
-    pub(super) fn start_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
-        let Some(ep) = self.k.replay_endpoint.as_deref() else {
-            return false;
-        };
+    /// A DEALER connected to the rank's replay endpoint; `None` without one.
+    pub(super) fn open_dealer(&self, ctx: &FleetContext) -> Option<(zmq::Socket, RawFd)> {
+        let ep = self.k.replay_endpoint.as_deref()?;
         let opened = ctx.dealer_socket().and_then(|d| {
             d.set_linger(0)?;
             // Bounded like the live SUB: a replay that outruns the drain is shed by the engine's
@@ -43,16 +65,22 @@ impl Stream {
             let fd = d.get_fd()?;
             Ok((d, fd))
         });
-        let (dealer, fd) = match opened {
-            Ok(x) => x,
-            Err(e) => {
+        opened
+            .inspect_err(|e| {
                 tracing::warn!(
                     rank = self.k.rank,
                     "cannot open a replay socket to {ep}: {e}"
-                );
-                return false;
-            }
+                )
+            })
+            .ok()
+    }
+
+    /// Opens a DEALER and asks for the batches from the sequencer's start; false without one.
+    pub(super) fn start_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
+        let Some((dealer, fd)) = self.open_dealer(ctx) else {
+            return false;
         };
+        let from_scratch = self.seq.is_fresh();
         let start = self.seq.begin_replay();
         let sent = dealer.send_multipart([&b""[..], &start.to_be_bytes()], zmq::DONTWAIT);
         if sent.is_err() || epoll.add(fd, REPLAY_TAG | i as u64).is_err() {
@@ -61,18 +89,26 @@ impl Stream {
         }
         self.k.stats.replays.fetch_add(1, Relaxed);
         self.book.counters.replays_requested.fetch_add(1, Relaxed);
-        self.replay = Some(ReplaySocket {
-            dealer,
-            fd,
-            deadline: Instant::now() + REPLAY_TIMEOUT,
-            last_rx: Instant::now(),
-            first: true,
-            failed: false,
-            truncated: false,
-            probe: false,
-        });
+        let mut r = ReplaySocket::new(dealer, fd);
+        r.from_scratch = from_scratch;
+        self.replay = Some(r);
         self.drain_replay(epoll, ctx, i);
         true
+    }
+
+    /// A new engine lifetime behind the stream: rebuild the slot from scratch.
+    pub(super) fn restarted(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize, why: &str) {
+        tracing::info!(rank = self.k.rank, "KV-event stream: {why}");
+        self.close_replay(epoll);
+        self.seq.abort_replay();
+        self.resync(ResyncReason::Restart, false);
+        self.recover(epoll, ctx, i);
+    }
+
+    /// Whether a snapshot may be asked for now.
+    pub(super) fn snapshots_possible(&self) -> bool {
+        self.snapshots != super::kv_snapshot::SnapshotSupport::No
+            && self.snapshot_backoff.is_none_or(|t| Instant::now() >= t)
     }
 
     pub(super) fn close_replay(&mut self, epoll: &Epoll) {
@@ -96,7 +132,18 @@ impl Stream {
                 Ok(frames) => {
                     taken += 1;
                     r.last_rx = Instant::now();
-                    let [empty, _topic, seq, payload] = &frames[..] else {
+                    let snapshot = r.snapshot.is_some();
+                    if snapshot {
+                        r.first = false;
+                    }
+                    if let [empty, kind, payload] = &frames[..]
+                        && empty.is_empty()
+                        && snapshot
+                    {
+                        self.on_snapshot_reply(epoll, ctx, i, kind, payload);
+                        continue;
+                    }
+                    let [empty, topic, seq, payload] = &frames[..] else {
                         self.book.counters.decode_errors.fetch_add(1, Relaxed);
                         continue;
                     };
@@ -106,11 +153,18 @@ impl Stream {
                     };
                     if !empty.is_empty() {
                         self.book.counters.decode_errors.fetch_add(1, Relaxed);
+                    } else if snapshot {
+                        // A replay answer to a snapshot request: an engine without snapshots.
+                        self.snapshot_unsupported(epoll, ctx, i);
                     } else if seq == -1 {
                         self.finish_replay(epoll, ctx, i);
                         return false;
                     } else {
-                        self.on_replayed(epoll, ctx, i, seq, payload);
+                        match self.fence(split_epoch_topic(topic).1) {
+                            Some(true) => {}
+                            Some(false) => self.restarted(epoll, ctx, i, "a new epoch in a replay"),
+                            None => self.on_replayed(epoll, ctx, i, seq, payload),
+                        }
                     }
                 }
                 Err(zmq::Error::EAGAIN) if readable(&r.dealer) => continue,
@@ -134,19 +188,14 @@ impl Stream {
         match self.seq.replayed(seq, digest(p)) {
             Replayed::Apply => self.apply(seq, p, false),
             Replayed::Skip => {}
-            Replayed::Restart => {
-                tracing::info!(
-                    rank = self.k.rank,
-                    "KV-event stream: a new engine behind the gap"
-                );
+            Replayed::Restart => self.restarted(epoll, ctx, i, "a new engine behind the gap"),
+            // The buffer no longer reaches what is missing: a snapshot fills it, if there is one.
+            Replayed::NotCovered if first && self.snapshots_possible() => {
                 self.close_replay(epoll);
                 self.seq.abort_replay();
-                self.resync(ResyncReason::Restart, false);
-                self.seq.reset();
-                if !self.start_replay(epoll, ctx, i) {
-                    self.seq.accept_any_next();
-                    self.flush_held(epoll, ctx, i);
-                }
+                self.book.counters.replays_failed.fetch_add(1, Relaxed);
+                self.resync(ResyncReason::GapNotCovered, false);
+                self.recover(epoll, ctx, i);
             }
             Replayed::NotCovered if first => {
                 if let Some(r) = &mut self.replay {
@@ -154,6 +203,9 @@ impl Stream {
                 }
                 self.book.counters.replays_failed.fetch_add(1, Relaxed);
                 self.resync(ResyncReason::GapNotCovered, seq > 0);
+                if seq > 0 {
+                    self.k.stats.set_view(self.incomplete_view());
+                }
                 self.seq.restart_at(seq);
                 self.apply(seq, p, false);
             }
@@ -169,6 +221,9 @@ impl Stream {
     /// The replay answered, then went silent without its end marker: cut short (see
     /// [`super::kv::REPLAY_IDLE`]); finish it as truncated, which asks for the rest.
     pub(super) fn replay_stalled(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        if self.replay.as_ref().is_some_and(|r| r.snapshot.is_some()) {
+            return self.snapshot_failed(epoll, ctx, i, "it stopped answering before its end");
+        }
         if let Some(r) = &mut self.replay {
             r.truncated = true;
             r.failed = true; // not a success: it never ended
@@ -178,13 +233,19 @@ impl Stream {
     }
 
     pub(super) fn finish_replay(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
-        let (failed, truncated, probe) = self
+        let (failed, truncated, probe, from_scratch) = self
             .replay
             .as_ref()
-            .map_or((false, false, false), |r| (r.failed, r.truncated, r.probe));
+            .map_or((false, false, false, false), |r| {
+                (r.failed, r.truncated, r.probe, r.from_scratch)
+            });
         self.close_replay(epoll);
         if !failed {
             self.book.counters.replays_succeeded.fetch_add(1, Relaxed);
+            if from_scratch && !truncated {
+                // Every batch the engine ever published, in order: the whole cache.
+                self.k.stats.set_view(View::Complete);
+            }
         }
         if self.seq.end_replay() {
             self.fruitless = 0;
@@ -199,6 +260,9 @@ impl Stream {
     }
 
     pub(super) fn replay_timed_out(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        if self.replay.as_ref().is_some_and(|r| r.snapshot.is_some()) {
+            return self.snapshot_failed(epoll, ctx, i, "no answer in time");
+        }
         let probe = self.replay.as_ref().is_some_and(|r| r.probe);
         tracing::warn!(rank = self.k.rank, probe, "KV-event replay timed out");
         self.close_replay(epoll);
@@ -208,6 +272,7 @@ impl Stream {
         if !probe {
             self.resync(ResyncReason::ReplayFailed, true);
             self.seq.accept_any_next();
+            self.k.stats.set_view(self.incomplete_view());
         }
         self.backoff_until = Some(Instant::now() + REPLAY_BACKOFF);
         self.flush_held(epoll, ctx, i);

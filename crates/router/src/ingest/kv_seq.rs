@@ -11,6 +11,10 @@
 //!   sockets race): seqs from where the replay started up to `last` are duplicates until the live
 //!   stream has caught up (its next in-order apply).
 //! * **Accept next.** After a resync without a usable replay, the next live seq is taken as is.
+//! * **Snapshot.** While a snapshot loads, live batches are held as during a replay. A loaded
+//!   snapshot stands for every batch up to its barrier seq: the next in-order seq is
+//!   `barrier + 1`, held batches at or below the barrier are duplicates, and a replay after it
+//!   asks from `barrier + 1` (there is no applied batch to compare an overlap with).
 //!
 //! Seqs are the peer's numbers: no arithmetic on them may overflow. After `i64::MAX` no seq can
 //! follow in order, so any next seq is a repeat (restart or duplicate), never an apply.
@@ -55,8 +59,8 @@ struct Replay {
 #[derive(Debug, Clone, Default)]
 pub struct Sequencer {
     last: Option<i64>,
-    /// Digest of the batch applied at `last`.
-    digest: u64,
+    /// Digest of the batch applied at `last` (`None` when `last` came from a snapshot's barrier).
+    digest: Option<u64>,
     /// Live seqs in `[floor, last]` are duplicates of replayed ones (see the module docs).
     dup_floor: Option<i64>,
     replay: Option<Replay>,
@@ -67,6 +71,11 @@ impl Sequencer {
     /// The next in-order seq; `None` after `i64::MAX`.
     fn expected(&self) -> Option<i64> {
         self.last.map_or(Some(0), |l| l.checked_add(1))
+    }
+
+    /// Nothing applied yet and nothing to accept blindly: a replay from here starts at seq 0.
+    pub fn is_fresh(&self) -> bool {
+        self.last.is_none() && !self.accept_next
     }
 
     /// Classifies live seq `seq`.
@@ -95,7 +104,7 @@ impl Sequencer {
     /// Records that live or replayed batch `seq` (whose bytes digest to `digest`) was applied.
     pub fn applied(&mut self, seq: i64, digest: u64, live: bool) {
         self.last = Some(seq);
-        self.digest = digest;
+        self.digest = Some(digest);
         self.accept_next = false;
         if live {
             self.dup_floor = None;
@@ -116,13 +125,37 @@ impl Sequencer {
 
     /// Begins a replay; returns the seq to ask from.
     pub fn begin_replay(&mut self) -> i64 {
-        let verify = self.last.map(|l| (l, self.digest));
+        let verify = self.last.zip(self.digest);
         self.replay = Some(Replay {
             verify,
             began_at: self.last,
         });
         self.dup_floor = Some(self.expected().unwrap_or(i64::MAX));
-        verify.map_or(0, |(l, _)| l)
+        match verify {
+            Some((l, _)) => l,
+            None => self.expected().unwrap_or(i64::MAX),
+        }
+    }
+
+    /// Begins loading a snapshot: live batches are held until [`Sequencer::loaded_snapshot`] or
+    /// [`Sequencer::abort_replay`].
+    pub fn begin_snapshot(&mut self) {
+        self.replay = Some(Replay {
+            verify: None,
+            began_at: self.last,
+        });
+    }
+
+    /// A snapshot that reflects every batch up to `barrier` (−1: none) was loaded.
+    pub fn loaded_snapshot(&mut self, barrier: i64) {
+        *self = Sequencer {
+            last: (barrier >= 0).then_some(barrier),
+            digest: None,
+            // Held live batches at or below the barrier are in the snapshot already.
+            dup_floor: Some(i64::MIN),
+            replay: None,
+            accept_next: false,
+        };
     }
 
     /// Classifies replayed batch `seq` with digest `digest`.
@@ -151,7 +184,7 @@ impl Sequencer {
     /// After `NotCovered` (the slot was cleared): continue from replayed batch `seq`.
     pub fn restart_at(&mut self, seq: i64) {
         self.last = seq.checked_sub(1);
-        self.digest = 0;
+        self.digest = None;
         self.dup_floor = Some(seq);
         if let Some(r) = &mut self.replay {
             r.verify = None;
@@ -238,6 +271,37 @@ mod tests {
         s.abort_replay();
         s.applied(i64::MAX - 1, 4, true);
         assert_eq!(s.live(i64::MAX), Live::Apply);
+    }
+
+    #[test]
+    fn a_loaded_snapshot_stands_for_every_batch_to_its_barrier() {
+        let mut s = Sequencer::default();
+        s.applied(3, 33, true);
+        s.begin_snapshot();
+        assert_eq!(s.live(9), Live::Hold, "held while the snapshot loads");
+        s.loaded_snapshot(7);
+        assert_eq!(
+            s.live(5),
+            Live::Duplicate,
+            "below the barrier: in the snapshot"
+        );
+        assert_eq!(s.live(7), Live::Duplicate);
+        assert_eq!(s.live(9), Live::Gap { from: 8 });
+        assert_eq!(
+            s.begin_replay(),
+            8,
+            "no overlap to verify: ask from barrier + 1"
+        );
+        assert_eq!(s.replayed(8, 1), Replayed::Apply);
+        s.applied(8, 1, false);
+        assert!(s.end_replay());
+        assert_eq!(s.live(9), Live::Apply);
+        s.applied(9, 2, true);
+        assert_eq!(s.live(4), Live::Restart, "caught up: back is a restart");
+        let mut empty = Sequencer::default();
+        empty.begin_snapshot();
+        empty.loaded_snapshot(-1);
+        assert_eq!(empty.live(0), Live::Apply, "an empty engine: seq 0 is next");
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub fn subscribe(
     }
     Ok(KvSubscription {
         book: book.clone(),
+        block_size: i64::try_from(streams.block_size).unwrap_or(i64::MAX),
         streams: out,
     })
 }
@@ -74,5 +75,7 @@ pub struct KvSocket {
 /// A worker's KV streams and the book they feed.
 pub struct KvSubscription {
     pub book: Arc<CacheBook>,
+    /// The worker's advertised block size.
+    pub block_size: i64,
     pub streams: Vec<KvSocket>,
 }

@@ -40,6 +40,7 @@ mod epoll;
 pub mod kv;
 mod kv_replay;
 mod kv_seq;
+mod kv_snapshot;
 mod kv_subscribe;
 mod refused;
 pub mod stats;
