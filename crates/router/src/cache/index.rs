@@ -4,8 +4,17 @@
 //! * **Blocks.** A block hash names its whole prefix (the engine chains page hashes parent →
 //!   child), so the index is one map from block hash to the sorted list of slots holding it; no
 //!   tree is needed.
-//! * **Matching.** An engine cache only evicts leaves, so along a request's chain the holders of
-//!   block i+1 are a subset of the holders of block i. The deepest block any slot holds is found by
+//! * **Nesting, kept by construction.** An engine cache only evicts leaves, so along a request's
+//!   chain the engine's holders of block i+1 are a subset of its holders of block i. The index
+//!   keeps that true of *its* holders even when it drops blocks (at the bound, the quota, or a
+//!   block whose parent it never saw): a `BlockStored` is applied to a slot only from where its
+//!   parent (`parent_block_hash`, then each previous hash of the event) is held by that slot or is
+//!   the root; the rest of the event is skipped and counted ([`SlotStats::orphaned_blocks`]).
+//!   Without that rule one dropped block leaves its children indexed under a hole, and the binary
+//!   search below can land past the hole and overstate a match. `tests/kv_index_nesting.rs`
+//!   checks the rule against every event order the protocol allows.
+//! * **Matching.** Given nesting, along a request's chain the holders of block i+1 are a subset
+//!   of the holders of block i. The deepest block any slot holds is found by
 //!   binary search on the chain, and each slot's own depth by a binary search with a membership
 //!   probe in that slot's own block set (small, so it stays in cache): O(slots · log blocks)
 //!   lookups instead of O(slots · blocks), with no allocation once the caller's output buffer has
@@ -55,6 +64,10 @@ pub struct SlotStats {
     /// The slot tried to hold more than the per-slot quota: it was cleared and is no longer
     /// indexed (its events are ignored) until it is released.
     pub over_quota: bool,
+    /// Blocks of `BlockStored` events not applied because their parent was not held by the slot
+    /// (dropped at the bound, or announced before this view began): applying them would break
+    /// the nesting the lookup relies on.
+    pub orphaned_blocks: u64,
 }
 
 /// A cleared slot's former block set, whose holder entries are still to be unlinked.
@@ -136,10 +149,8 @@ impl KvIndex {
         match event {
             KvEvent::Stored(s) => {
                 self.stats_mut(slot).stored_events += 1;
-                for &h in s.block_hashes.iter().take_while(|_| !over) {
-                    if !self.store(slot, h) {
-                        break;
-                    }
+                if !over {
+                    self.store_chain(slot, s.parent_block_hash, &s.block_hashes);
                 }
             }
             KvEvent::Removed(r) => {
@@ -149,6 +160,22 @@ impl KvIndex {
                 }
             }
             KvEvent::AllCleared => self.clear_slot(slot),
+        }
+    }
+
+    /// Stores the pages of one `BlockStored` for `slot`, each only while its parent is held (see
+    /// the module docs); counts what is skipped.
+    fn store_chain(&mut self, slot: Slot, parent: Option<i64>, hashes: &[i64]) {
+        let mut parent = parent;
+        for (i, &h) in hashes.iter().enumerate() {
+            if parent.is_some_and(|p| !self.held[slot as usize].contains(&p)) {
+                self.stats_mut(slot).orphaned_blocks += (hashes.len() - i) as u64;
+                return;
+            }
+            if !self.store(slot, h) {
+                return;
+            }
+            parent = Some(h);
         }
     }
 
@@ -335,6 +362,15 @@ mod tests {
         })
     }
 
+    fn chained(parent: Option<i64>, hashes: &[i64]) -> KvEvent {
+        KvEvent::Stored(BlockStored {
+            parent_block_hash: parent,
+            block_hashes: hashes.to_vec(),
+            block_size: 16,
+            ..Default::default()
+        })
+    }
+
     fn removed(hashes: &[i64]) -> KvEvent {
         KvEvent::Removed(BlockRemoved {
             block_hashes: hashes.to_vec(),
@@ -376,6 +412,27 @@ mod tests {
         ix.match_into(&[1, 3], &mut out);
         assert_eq!(out, vec![(1, 2)]);
         assert_eq!(ix.slot_stats(0).blocks, 0);
+    }
+
+    #[test]
+    fn a_store_under_a_parent_the_slot_lacks_is_skipped_and_counted() {
+        let mut ix = KvIndex::new(4);
+        ix.apply(0, &stored(&[1, 2]));
+        ix.apply(1, &stored(&[7, 8, 9])); // 9 is dropped at the bound
+        ix.apply(1, &chained(Some(9), &[10, 11]));
+        ix.apply(0, &chained(Some(5), &[6]));
+        assert_eq!(ix.dropped_blocks(), 1);
+        assert_eq!(
+            ix.slot_stats(1).orphaned_blocks,
+            2,
+            "10 and 11 hang below 9"
+        );
+        assert_eq!(ix.slot_stats(0).orphaned_blocks, 1, "5 was never announced");
+        ix.apply(0, &chained(Some(2), &[3]));
+        assert_eq!(ix.dropped_blocks(), 2);
+        let mut out = Vec::new();
+        ix.match_into(&[7, 8, 9, 10, 11], &mut out);
+        assert_eq!(out, vec![(1, 2)], "nothing below the dropped block");
     }
 
     #[test]
