@@ -62,11 +62,13 @@ impl CacheBook {
             last.push(if seq < 0 { Value::Null } else { json!(seq) });
         }
         let quota = g.index.slot_quota();
-        let reason = (!over.is_empty()).then(|| {
-            format!(
-                "rank(s) {over:?} stored more than {quota} blocks (--kv-index-max-blocks-per-rank): not indexed, priced from the approximate tree"
-            )
-        });
+        let reason = (!over.is_empty())
+            .then(|| {
+                format!(
+                    "rank(s) {over:?} stored more than {quota} blocks (--kv-index-max-blocks-per-rank): not indexed, priced from the approximate tree"
+                )
+            })
+            .or_else(|| super::block_size::unmatched_reason(e.block_size));
         let v = json!({
             "blocks": blocks, "gaps": gaps, "replays": replays, "resyncs": resyncs,
             "needs_resync": stale, "last_seq": last, "rank_blocks": per_rank, "block_size": e.block_size,
