@@ -117,3 +117,60 @@ def test_router_indexes_sglangs_publisher(procs, front):
         assert metric(router, "loadlink_kv_decode_errors_total") == 0
     finally:
         pub.shutdown()
+
+
+def start_router(procs, url: str) -> str:
+    port = free_port_block(1)
+    router = f"http://127.0.0.1:{port}"
+    procs.spawn([loadlink_bin(), "route", "--worker-urls", url, "--port", str(port),
+                 "--duration", "120"])
+    wait_until("the router to serve", lambda: responds(router + "/health"))
+    return router
+
+
+def publish_chain(pub, n: int) -> list[int]:
+    """`n` batches, each storing one block that chains onto the previous one; their hashes."""
+    hashes = [1_000 + i for i in range(n)]
+    for i, h in enumerate(hashes):
+        pub.publish(kv.KVEventBatch(ts=float(i + 1), events=[stored([h], hashes[i - 1] if i else None)]))
+    return hashes
+
+
+@pytest.mark.parametrize("buffer_steps", [1_000, 5])
+def test_a_publisher_without_snapshots_is_replayed_and_the_view_says_how_much(procs, front, buffer_steps):
+    """SGLang 0.5.23 has no snapshots: it reads `snapshot-v1` as a replay from an absurd seq and
+    answers the bare end marker. A router that joins late must take that as "no snapshot", replay
+    the buffer from seq 0, and say whether the buffer reached the publisher's first batch: with a
+    buffer that holds all 40 batches the view is complete and equals what was published; with 5
+    it is `no_snapshot`, holds no block whose parent it never saw, and says why."""
+    url, set_info = front
+    base = free_port_block(2)
+    pub = kv.ZmqEventPublisher(attn_dp_rank=0, endpoint=f"tcp://*:{base}",
+                               replay_endpoint=f"tcp://*:{base + 1}", buffer_steps=buffer_steps)
+    try:
+        set_info(server_info(base, base + 1))
+        hashes = publish_chain(pub, 40)  # all before the router exists
+        router = start_router(procs, url)
+        wait_until("the snapshot request answered",
+                   lambda: metric(router, "loadlink_kv_snapshots_failed_total") >= 1)
+        if buffer_steps >= 40:
+            wait_until("the whole chain replayed", lambda: kv_view(router, url)["blocks"] == len(hashes))
+            view = kv_view(router, url)
+            assert view["views"] == ["complete"] and view["needs_resync"] is False, view
+            assert view["not_indexed_reason"] is None, view
+        else:
+            wait_until("the replay applied", lambda: kv_view(router, url)["last_seq"][0] == 39)
+            view = kv_view(router, url)
+            assert view["views"] == ["no_snapshot"] and view["needs_resync"] is True, view
+            assert "no_snapshot" in view["not_indexed_reason"], view
+            # The buffer's blocks chain onto parents published before it: none is held as if
+            # its prefix were cached.
+            assert view["blocks"] == 0, view
+        assert metric(router, "loadlink_kv_snapshots_loaded_total") == 0
+        assert metric(router, "loadlink_kv_decode_errors_total") == 0
+        # Live batches keep applying on top, whatever the view.
+        pub.publish(kv.KVEventBatch(ts=99.0, events=[stored([7, 8], None)]))
+        want = (len(hashes) if buffer_steps >= 40 else 0) + 2
+        wait_until("a later live batch applied", lambda: kv_view(router, url)["blocks"] == want)
+    finally:
+        pub.shutdown()

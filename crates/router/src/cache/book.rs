@@ -28,6 +28,7 @@
 //!   output and a thread-local scratch (match list, per-slot depth table) that only grows.
 
 use super::approx_slots::{ApproxSlots, key};
+use super::block_size::unmatched_reason;
 use super::id_hash::IdMap;
 use super::index::{DetachedBlocks, KvIndex, Slot};
 use super::stream::{CacheCounters, ResyncReason, StreamStats};
@@ -158,22 +159,31 @@ impl CacheBook {
         self.inner.write()
     }
 
-    /// For each candidate: whether it is indexed (it has a KV-event stream whose view is complete
-    /// and not over its quota; a whole worker: every rank of it), and (into `blocks`, resized) the blocks it holds
-    /// (a whole worker: its fullest rank).
-    pub fn stream_blocks(&self, targets: Candidates<'_>, blocks: &mut Vec<u64>) -> Vec<bool> {
+    /// For each candidate: whether it is indexed (it has a KV-event stream whose view is
+    /// complete, a block size the router can hash at, and is not over its quota; a whole worker: every rank of it), and (into
+    /// `blocks` and `block_sizes`, resized) the blocks it holds (a whole worker: its fullest rank)
+    /// and its worker's advertised block size (0 without a stream).
+    pub fn stream_blocks(
+        &self,
+        targets: Candidates<'_>,
+        blocks: &mut Vec<u64>,
+        block_sizes: &mut Vec<u64>,
+    ) -> Vec<bool> {
         blocks.clear();
         blocks.resize(targets.len(), 0);
+        block_sizes.clear();
+        block_sizes.resize(targets.len(), 0);
         let g = self.read();
         targets
             .iter()
-            .zip(blocks.iter_mut())
-            .map(|(c, b)| {
+            .zip(blocks.iter_mut().zip(block_sizes.iter_mut()))
+            .map(|(c, (b, size))| {
                 let w = &targets.workers()[c.worker as usize];
                 let Some(e) = g.workers.get(&key(w)) else {
                     return false;
                 };
-                let mut indexed = !e.ranks.is_empty();
+                *size = e.block_size;
+                let mut indexed = !e.ranks.is_empty() && unmatched_reason(e.block_size).is_none();
                 for r in e.of(c.rank) {
                     let st = g.index.slot_stats(r.slot);
                     *b = (*b).max(st.blocks);
@@ -391,8 +401,8 @@ impl CacheBook {
 
     /// For each candidate (in order), how many of the request's prompt tokens are cached there: the
     /// longest run of `chain` (the prompt's page hashes, `page_size` tokens each) held by its rank
-    /// (a whole worker: by any of its ranks), in tokens; 0 without a stream. `out` is overwritten;
-    /// steady state allocates nothing.
+    /// (a whole worker: by any of its ranks), in tokens; 0 without a stream or when its worker
+    /// pages by another size. `out` is overwritten; steady state allocates nothing.
     pub fn cached_tokens(
         &self,
         targets: Candidates<'_>,
@@ -402,7 +412,20 @@ impl CacheBook {
     ) {
         out.clear();
         out.resize(targets.len(), 0);
-        if chain.is_empty() || targets.is_empty() {
+        self.cached_tokens_at(targets, chain, page_size, out);
+    }
+
+    /// [`CacheBook::cached_tokens`] for the candidates whose worker advertises `page_size` only:
+    /// their entries of `out` (sized to `targets`) are written, the others left as they are, so
+    /// one call per block size in the fleet fills every candidate.
+    pub fn cached_tokens_at(
+        &self,
+        targets: Candidates<'_>,
+        chain: &[i64],
+        page_size: u64,
+        out: &mut [u64],
+    ) {
+        if chain.is_empty() || targets.is_empty() || out.len() != targets.len() {
             return;
         }
         let g = self.read();
@@ -433,7 +456,9 @@ impl CacheBook {
                         e
                     }
                 };
-                let Some(e) = e else { continue };
+                let Some(e) = e.filter(|e| e.block_size == page_size) else {
+                    continue;
+                };
                 let held = match c.rank {
                     // Rank r's stream sits at index r ([`CacheBook::register`] gives ranks 0..n).
                     Some(r) => e

@@ -10,14 +10,19 @@
 //! * `--prefix-source` can force one view for every worker (`kv-events`, `approx`), which is how
 //!   the evidence compares them on the same fleet.
 //!
-//! The lookup takes the index's read lock once and, per tree-priced worker, that worker's tree
-//! lock; it allocates the request's chain and two small per-worker vectors, and nothing
-//! proportional to the caches.
+//! * Each indexed worker is matched with the request's chain at the block size it advertises
+//!   (one hash pass and one match per distinct size among the candidates, see `request.rs`); a
+//!   worker whose size the router cannot hash at (`block_size.rs`) is priced from the tree.
+//!
+//! The lookup takes the index's read lock once per distinct block size and, per tree-priced
+//! worker, that worker's tree lock; it allocates the request's chains and a few small
+//! per-worker vectors, and nothing proportional to the caches.
 
 use super::book::CacheBook;
 use super::request::PromptChain;
 use super::tokenizer::RouterTokenizer;
 use crate::candidate::Candidates;
+use smallvec::SmallVec;
 
 /// Which view prices a worker's cached prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,7 +61,8 @@ impl PrefixSource {
 #[derive(Debug, Default)]
 pub struct PrefixSettings {
     pub tokenizer: RouterTokenizer,
-    /// Tokens per page of the chain (the engines' `--page-size`; their KV events say theirs).
+    /// Tokens per page of the approximate tree's chains (workers with KV events are matched at
+    /// the block size they advertise).
     pub page_size: usize,
     pub source: PrefixSource,
     /// Cache sizes are what this router sent each worker (the tree's size, SGLang's meaning),
@@ -78,6 +84,8 @@ pub struct Lookup {
     approx: Vec<bool>,
     /// Sizes come from the tree for every worker (so every dispatch is recorded).
     sent_sizes: bool,
+    /// The approximate tree's page size (the router's `--page-size`).
+    tree_page: u64,
 }
 
 impl CacheBook {
@@ -91,28 +99,41 @@ impl CacheBook {
         targets: Candidates<'_>,
         now_ms: u64,
     ) -> Option<Lookup> {
-        let prompt = PromptChain::of_request(path, body, &settings.tokenizer, settings.page_size)?;
+        let prompt = PromptChain::of_request(path, body, &settings.tokenizer)?;
         let page = settings.page_size as u64;
         let n = targets.len();
         let mut l = Lookup {
-            cached: Vec::with_capacity(n),
+            cached: vec![0; n],
             sizes: vec![0; n],
             approx: vec![false; n],
-            sent_sizes: false,
+            sent_sizes: settings.sizes_from_sent,
+            tree_page: page,
             prompt,
         };
-        let indexed = self.stream_blocks(targets, &mut l.sizes);
-        self.cached_tokens(targets, &l.prompt.chain, page, &mut l.cached);
-        l.sent_sizes = settings.sizes_from_sent;
+        let mut block_sizes = Vec::with_capacity(n);
+        let indexed = self.stream_blocks(targets, &mut l.sizes, &mut block_sizes);
         for (i, s) in l.sizes.iter_mut().enumerate() {
-            *s *= page;
+            *s *= block_sizes[i];
             l.approx[i] = match settings.source {
                 PrefixSource::Auto => !indexed[i],
                 PrefixSource::KvEvents => false,
                 PrefixSource::Approx => true,
             };
         }
+        // One chain per block size among the indexed candidates, hashed before the index's lock
+        // is taken, then one match per size.
+        for i in 0..n {
+            if indexed[i] && settings.source != PrefixSource::Approx {
+                l.prompt.chain(block_sizes[i]);
+            }
+        }
+        let sizes: SmallVec<[u64; 4]> = l.prompt.hashed_sizes().collect();
+        for size in sizes {
+            let chain = l.prompt.hashed(size).unwrap_or_default();
+            self.cached_tokens_at(targets, chain, size, &mut l.cached);
+        }
         if l.sent_sizes || l.approx.iter().any(|&a| a) {
+            l.prompt.chain(page);
             let only_tree = settings.source == PrefixSource::Approx;
             self.approx_into(&mut l, targets, page, now_ms, only_tree);
         }
@@ -131,8 +152,9 @@ impl CacheBook {
     ) {
         let mut trees = Vec::new();
         let wanted = |i: usize| l.sent_sizes || l.approx[i];
+        let chain = l.prompt.hashed(page).unwrap_or_default();
         self.approx
-            .peek_each(targets, wanted, &l.prompt.chain, now_ms, &mut trees);
+            .peek_each(targets, wanted, chain, now_ms, &mut trees);
         for (i, &(blocks, held)) in trees.iter().enumerate() {
             if !(l.sent_sizes || l.approx[i]) {
                 continue;
@@ -158,12 +180,13 @@ impl CacheBook {
     /// priced from it (not when the worker has left the fleet since).
     pub fn record_dispatch(&self, l: &Lookup, targets: Candidates<'_>, i: usize, now_ms: u64) {
         let tree_priced = l.approx.get(i).copied().unwrap_or(false);
-        if !(tree_priced || l.sent_sizes) || l.prompt.chain.is_empty() || i >= targets.len() {
+        let chain = l.prompt.hashed(l.tree_page).unwrap_or_default();
+        if !(tree_priced || l.sent_sizes) || chain.is_empty() || i >= targets.len() {
             return;
         }
         let c = targets.get(i);
         let w = &targets.workers()[c.worker as usize];
-        self.approx.record(w, c.rank, &l.prompt.chain, now_ms);
+        self.approx.record(w, c.rank, chain, now_ms);
     }
 }
 
@@ -289,5 +312,71 @@ mod tests {
                 .unwrap_err()
                 .contains("auto, kv-events or approx")
         );
+    }
+
+    #[test]
+    fn each_worker_is_matched_at_its_own_block_size() {
+        use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, page_hashes};
+        let book = CacheBook::default();
+        let epoch = Instant::now();
+        let sizes = [1u64, 16, 64, 1 << 20];
+        let ws: Vec<_> = sizes
+            .iter()
+            .map(|b| Arc::new(Worker::new(format!("http://w{b}"), 1, None, epoch)))
+            .collect();
+        let text = "y".repeat(4 * 200); // 200 tokens: 199 matchable
+        let ids = loadlink_wire::tokenize::tokenize(&text);
+        for (w, &b) in ws.iter().zip(&sizes) {
+            let id = book.register(w, b, 1)[0].0;
+            let hashes = page_hashes(&ids, (b as usize).min(4096));
+            let stored = KvEvent::Stored(BlockStored {
+                block_hashes: hashes,
+                block_size: b as i64,
+                ..Default::default()
+            });
+            let batch = KvEventBatch {
+                ts: 0.0,
+                events: vec![stored],
+                attn_dp_rank: None,
+            };
+            book.apply(id, &batch);
+        }
+        let settings = PrefixSettings {
+            page_size: 16,
+            ..Default::default()
+        };
+        let l = book
+            .lookup(
+                &settings,
+                "/v1/completions",
+                &body(&text),
+                Candidates::whole(&ws),
+                1,
+            )
+            .unwrap();
+        assert_eq!(
+            l.cached,
+            [199, 192, 192, 0],
+            "full pages of the 199 matchable tokens at 1, 16 and 64; the absurd size is not matched"
+        );
+        assert_eq!(
+            l.sizes[..3],
+            [200, 192, 192],
+            "blocks times each worker's own size"
+        );
+        assert_eq!(
+            l.approx,
+            [false, false, false, true],
+            "the unmatched size is priced from the tree"
+        );
+        assert_eq!(
+            l.prompt.hashed_sizes().collect::<Vec<_>>(),
+            [1, 16, 64],
+            "hashed once per size among the candidates, the router's 16 shared with the tree"
+        );
+        let (v, _) = book.worker_json(&ws[3]);
+        let why = v["not_indexed_reason"].as_str().unwrap();
+        assert!(why.contains("block_size 1048576"), "{why}");
+        assert!(book.worker_json(&ws[0]).0["not_indexed_reason"].is_null());
     }
 }

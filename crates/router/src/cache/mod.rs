@@ -6,12 +6,12 @@
 //!   approximate trees;
 //! * [`stream`]: what the KV-event streams did (per-stream counters, resync reasons, the
 //!   book-wide counters);
-//! * [`request`]: a request's block-hash chain, through the router's [`tokenizer`] (the engine's
+//! * [`request`]: a request's block-hash chains (one per block size it is matched at), through the router's [`tokenizer`] (the engine's
 //!   deterministic one, or a real model's `tokenizer.json` and chat template).
 //! * [`approx`]: for workers without KV events, what this router sent them (bounded by size and
 //!   age), answering in the same shape as the index; `approx_slots` keeps one per worker;
 //! * [`lookup`]: the request path's question, one request against every worker, answered from
-//!   the index or the tree per worker.
+//!   the index (at the worker's advertised block size, [`block_size`]) or the tree per worker.
 //!
 //! Dependencies run one way: `lookup` and `report` → `book` → `index`, `approx_slots` → `approx`,
 //! all → `id_hash` (the one hasher for already-unique ids).
@@ -21,6 +21,7 @@
 
 pub mod approx;
 mod approx_slots;
+pub mod block_size;
 pub mod book;
 mod id_hash;
 pub mod index;

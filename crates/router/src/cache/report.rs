@@ -95,7 +95,7 @@ impl CacheBook {
                 "rank(s) {over:?} stored more than {quota} blocks (--kv-index-max-blocks-per-rank): not indexed, priced from the approximate tree"
             ))
         } else {
-            incomplete_reason(&views)
+            super::block_size::unmatched_reason(e.block_size).or_else(|| incomplete_reason(&views))
         };
         let v = json!({
             "blocks": blocks, "gaps": gaps, "replays": replays, "resyncs": resyncs,

@@ -1,41 +1,81 @@
-//! A request as the caches see it: its prompt's token count and the block-hash chain of its full
-//! pages, computed once per request and matched against every worker.
+//! A request as the caches see it: its prompt's token ids, tokenized once, and the block-hash
+//! chains of their full pages, hashed once per block size the request is matched at.
 //!
-//! The chain uses SGLang's page hashes (`loadlink_wire::kv_events::page_hashes`), so the same
-//! numbers key the KV index (the engines' announcements) and the approximate tree (what this
-//! router sent). A body that is not a generation request, or that the engine would refuse, has no
-//! chain: it is routed on load alone, and the engine answers the client's mistake itself.
+//! * **One chain per block size.** A worker's KV events name pages of *its* `block_size`, so a
+//!   request is matched against it with the chain hashed at that size (the approximate tree uses
+//!   the router's `--page-size`). The chains are computed lazily, only for the sizes the request's
+//!   candidates have, and kept here for the life of the request: a fleet of one size hashes once.
+//! * **Full pages of all but the last token.** The engine must compute the last prompt token's
+//!   logits, so it never reuses it; and SGLang (`RadixKey::page_aligned`) stores, announces and
+//!   matches page-aligned keys only, so a shorter last page is never hashed here either.
+//! * The chain uses SGLang's page hashes (`loadlink_wire::kv_events::page_hashes`), so the same
+//!   numbers key the KV index (the engines' announcements) and the approximate tree (what this
+//!   router sent). A body that is not a generation request, or that the engine would refuse, has
+//!   no chain: it is routed on load alone, and the engine answers the client's mistake itself.
 
 use super::tokenizer::RouterTokenizer;
 use loadlink_wire::kv_events::page_hashes;
 use loadlink_wire::prompt::{PromptRoute, json_object, prompt_of};
+use smallvec::SmallVec;
 
 /// What a cache-aware policy needs to know about one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PromptChain {
     pub prompt_tokens: u64,
-    /// Block hashes of the prompt's full pages, root first.
-    pub chain: Vec<i64>,
+    /// The ids an engine can reuse: the prompt without its last token.
+    matchable: Vec<u32>,
+    /// Chains already hashed, by block size: the block hashes of the full pages, root first.
+    chains: SmallVec<[(u64, Vec<i64>); 2]>,
 }
 
 impl PromptChain {
-    /// The chain of the request at `path` with `body`, or `None` when it has no prompt to price.
-    pub fn of_request(
-        path: &str,
-        body: &[u8],
-        tok: &RouterTokenizer,
-        page_size: usize,
-    ) -> Option<Self> {
+    /// The request at `path` with `body` tokenized by `tok`, or `None` when it has no prompt to
+    /// price.
+    pub fn of_request(path: &str, body: &[u8], tok: &RouterTokenizer) -> Option<Self> {
         let route = PromptRoute::of_path(path)?;
         let m = json_object(body).ok()?;
         let ids = prompt_of(route, &m).ok()?.token_ids(tok);
-        // The engine matches all but the prompt's last token (its logits must be computed), so
-        // only the full pages of that part can ever be a hit.
-        let matchable = &ids[..ids.len().saturating_sub(1)];
-        Some(PromptChain {
-            prompt_tokens: ids.len() as u64,
-            chain: page_hashes(matchable, page_size),
-        })
+        Some(Self::of_ids(ids))
+    }
+
+    /// A prompt of token ids `ids`.
+    pub fn of_ids(mut ids: Vec<u32>) -> Self {
+        let prompt_tokens = ids.len() as u64;
+        ids.pop();
+        PromptChain {
+            prompt_tokens,
+            matchable: ids,
+            chains: SmallVec::new(),
+        }
+    }
+
+    /// The chain at `block_size` tokens per page, hashed on first use (a size of 0 has none).
+    pub fn chain(&mut self, block_size: u64) -> &[i64] {
+        let at = match self.chains.iter().position(|(b, _)| *b == block_size) {
+            Some(i) => i,
+            None => {
+                let chain = match usize::try_from(block_size) {
+                    Ok(b) if b > 0 => page_hashes(&self.matchable, b),
+                    _ => Vec::new(),
+                };
+                self.chains.push((block_size, chain));
+                self.chains.len() - 1
+            }
+        };
+        &self.chains[at].1
+    }
+
+    /// The chain at `block_size` if it was hashed already.
+    pub fn hashed(&self, block_size: u64) -> Option<&[i64]> {
+        self.chains
+            .iter()
+            .find(|(b, _)| *b == block_size)
+            .map(|(_, c)| c.as_slice())
+    }
+
+    /// Block sizes hashed so far, in the order they were asked for.
+    pub fn hashed_sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.chains.iter().map(|(b, _)| *b)
     }
 }
 
@@ -45,19 +85,30 @@ mod tests {
     use loadlink_wire::tokenize::tokenize;
 
     #[test]
-    fn chains_are_the_engine_s_page_hashes() {
+    fn chains_are_the_engine_s_page_hashes_at_each_size() {
         let tok = RouterTokenizer::default();
         let text = "a".repeat(4 * 40);
         let body = serde_json::json!({ "prompt": text }).to_string();
-        let c = PromptChain::of_request("/v1/completions", body.as_bytes(), &tok, 16).unwrap();
+        let mut c = PromptChain::of_request("/v1/completions", body.as_bytes(), &tok).unwrap();
         assert_eq!(c.prompt_tokens, 40);
-        assert_eq!(c.chain, page_hashes(&tokenize(&text)[..39], 16));
+        assert_eq!(c.hashed(16), None, "nothing is hashed until asked");
+        let ids = tokenize(&text);
+        assert_eq!(c.chain(16), page_hashes(&ids[..39], 16));
         assert_eq!(
-            c.chain.len(),
+            c.chain(16).len(),
             2,
             "only full pages of all but the last token"
         );
-        assert_eq!(PromptChain::of_request("/v1/models", b"{}", &tok, 16), None);
-        assert_eq!(PromptChain::of_request("/generate", b"{", &tok, 16), None);
+        assert_eq!(c.chain(1), page_hashes(&ids[..39], 1));
+        assert_eq!(c.chain(1).len(), 39);
+        assert_eq!(c.chain(64), &[] as &[i64], "no full page at 64");
+        assert_eq!(c.chain(0), &[] as &[i64]);
+        assert_eq!(c.hashed_sizes().collect::<Vec<_>>(), [16, 1, 64, 0]);
+        c.chain(16);
+        assert_eq!(c.hashed_sizes().count(), 4, "a size is hashed once");
+        let one = c.chain(1)[0];
+        assert_ne!(one, c.chain(16)[0], "sizes never share hashes");
+        assert_eq!(PromptChain::of_request("/v1/models", b"{}", &tok), None);
+        assert_eq!(PromptChain::of_request("/generate", b"{", &tok), None);
     }
 }

@@ -359,7 +359,9 @@ impl Stream {
                 self.k.stats.gaps.fetch_add(1, Relaxed);
                 self.book.counters.gaps.fetch_add(1, Relaxed);
                 tracing::debug!(rank = self.k.rank, "KV-event gap: {from}..{seq} missed");
-                if self.can_replay() && self.start_replay(epoll, ctx, i) {
+                if self.can_replay() && self.start_replay(epoll, ctx, i)
+                    || self.snapshot_for_gap(epoll, ctx, i)
+                {
                     self.hold(seq, p);
                 } else {
                     let why = if self.k.replay_endpoint.is_some() {
@@ -374,6 +376,16 @@ impl Stream {
                 }
             }
         }
+    }
+
+    /// After a gap no replay can fill: rebuilds the slot from a snapshot, if one may be asked.
+    fn snapshot_for_gap(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) -> bool {
+        if !self.snapshots_possible() || self.k.replay_endpoint.is_none() {
+            return false;
+        }
+        self.resync(ResyncReason::GapNotCovered, false);
+        self.seq.reset();
+        self.start_snapshot(epoll, ctx, i)
     }
 
     fn hold(&mut self, seq: i64, p: Vec<u8>) {

@@ -189,8 +189,10 @@ impl Stream {
             Replayed::Apply => self.apply(seq, p, false),
             Replayed::Skip => {}
             Replayed::Restart => self.restarted(epoll, ctx, i, "a new engine behind the gap"),
-            // The buffer no longer reaches what is missing: a snapshot fills it, if there is one.
-            Replayed::NotCovered if first && self.snapshots_possible() => {
+            // The buffer no longer reaches what is missing, or a batch inside it was lost (the
+            // publisher dropped it on a full queue, or its ROUTER shed it): a snapshot fills the
+            // hole, if the engine serves them.
+            Replayed::NotCovered if self.snapshots_possible() => {
                 self.close_replay(epoll);
                 self.seq.abort_replay();
                 self.book.counters.replays_failed.fetch_add(1, Relaxed);
