@@ -18,6 +18,7 @@
 //! worker, that worker's tree lock; it allocates the request's chains and a few small
 //! per-worker vectors, and nothing proportional to the caches.
 
+use super::block_size::unmatched_reason;
 use super::book::CacheBook;
 use super::request::PromptChain;
 use super::tokenizer::RouterTokenizer;
@@ -120,11 +121,13 @@ impl CacheBook {
                 PrefixSource::Approx => true,
             };
         }
-        // One chain per block size among the indexed candidates, hashed before the index's lock
-        // is taken, then one match per size.
-        for i in 0..n {
-            if indexed[i] && settings.source != PrefixSource::Approx {
-                l.prompt.chain(block_sizes[i]);
+        // One chain per block size among the candidates with a stream (a complete view or not:
+        // an incomplete one still counts what it knows), hashed before the index's lock is
+        // taken, then one match per size.
+        for (i, &size) in block_sizes.iter().enumerate() {
+            let matchable = indexed[i] || (size > 0 && unmatched_reason(size).is_none());
+            if matchable && settings.source != PrefixSource::Approx {
+                l.prompt.chain(size);
             }
         }
         let sizes: SmallVec<[u64; 4]> = l.prompt.hashed_sizes().collect();
@@ -327,7 +330,8 @@ mod tests {
         let text = "y".repeat(4 * 200); // 200 tokens: 199 matchable
         let ids = loadlink_wire::tokenize::tokenize(&text);
         for (w, &b) in ws.iter().zip(&sizes) {
-            let id = book.register(w, b, 1)[0].0;
+            let (id, stats) = book.register(w, b, 1).remove(0);
+            stats.set_view(crate::cache::View::Complete); // as after a snapshot
             let hashes = page_hashes(&ids, (b as usize).min(4096));
             let stored = KvEvent::Stored(BlockStored {
                 block_hashes: hashes,
