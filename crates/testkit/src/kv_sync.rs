@@ -69,6 +69,27 @@ pub async fn engine_blocks(c: &reqwest::Client, engine_url: &str) -> Vec<Vec<i64
         .collect()
 }
 
+/// The engine's cache per rank with the last KV seq it reflects (one `GET /cache_blocks`, which
+/// reads the two together under the rank's lock), blocks sorted.
+pub async fn engine_cut(c: &reqwest::Client, engine_url: &str) -> Vec<(i64, Vec<i64>)> {
+    let v = get_json(c, &format!("{engine_url}/cache_blocks")).await;
+    v["ranks"]
+        .as_array()
+        .expect("a ranks array")
+        .iter()
+        .map(|r| {
+            let mut b: Vec<i64> = r["blocks"]
+                .as_array()
+                .expect("a blocks array")
+                .iter()
+                .map(|h| h.as_i64().expect("an i64 hash"))
+                .collect();
+            b.sort_unstable();
+            (r["seq"].as_i64().expect("a seq per rank"), b)
+        })
+        .collect()
+}
+
 /// The router's index for `worker_url`, per rank, each sorted (`None` for a rank it lacks).
 pub fn router_blocks(r: &RouterHandle, worker_url: &str, ranks: usize) -> Vec<Option<Vec<i64>>> {
     (0..ranks as u32)

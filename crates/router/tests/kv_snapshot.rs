@@ -1,0 +1,251 @@
+//! A router's KV view recovered from engine snapshots, against real engines on loopback: a router
+//! that joins after 10,000 requests, one that restarts under traffic, an engine restart, and a
+//! publisher overflow. In each case the engine's replay buffer is far too short to replay its
+//! history, so only the snapshot can bring the router's index to the engine's cache; the router's
+//! view at the engine's seq (`GET /cache_blocks` reports both, read together) must equal it, and
+//! `/workers` must call the view complete.
+
+use loadlink_router::LoadSignal;
+use loadlink_router::RouterHandle;
+use loadlink_testkit::{
+    KvEngine, complete_ok, engine, engine_cut, kv_engine_config, router, router_blocks, scrape,
+    wait_until, worker_json,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+const PAGE: usize = 4;
+/// Batches the engine's replay buffer keeps: a few requests' worth.
+const BUFFER: u32 = 16;
+
+/// Prompt `i`: one of 8 shared 16-token prefixes, then 4–19 tokens of its own, so the cache both
+/// reuses and evicts.
+fn prompt(i: u32) -> Vec<u32> {
+    let tenant = i % 8;
+    let mut p: Vec<u32> = (0..16).map(|t| 100 + tenant * 50 + t).collect();
+    p.extend((0..4 + i % 16).map(|t| 10_000 + (i % 5_000) * 40 + t));
+    p
+}
+
+async fn send(c: &reqwest::Client, url: &str, i: u32) {
+    complete_ok(c, url, &json!({"input_ids": prompt(i), "max_tokens": 1})).await;
+}
+
+/// Sends requests `from..to` from `lanes` concurrent clients.
+async fn traffic(c: &reqwest::Client, url: &str, from: u32, to: u32, lanes: u32) {
+    let next = Arc::new(AtomicU32::new(from));
+    let mut tasks = Vec::new();
+    for _ in 0..lanes {
+        let (c, url, next) = (c.clone(), url.to_string(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= to {
+                    return;
+                }
+                send(&c, &url, i).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a traffic lane");
+    }
+}
+
+/// An engine with KV events, a `BUFFER`-batch replay buffer and a pool that evicts, on `base`
+/// (`http_port` 0: any); `kv` adjusts its KV-events config.
+async fn short_buffer_engine(
+    http_port: u16,
+    base: u16,
+    kv: impl Fn(&mut serde_json::Value),
+) -> KvEngine {
+    let engine = engine(|cfg| {
+        cfg.port = http_port;
+        cfg.time_scale = 200.0;
+        cfg.model.page_size = PAGE;
+        cfg.model.max_total_tokens = 2_048;
+        cfg.model.max_running_requests = 8;
+        kv_engine_config(cfg, base);
+        let mut v: serde_json::Value =
+            serde_json::from_str(cfg.kv_events_config.as_deref().expect("a KV config"))
+                .expect("KV config JSON");
+        v["buffer_steps"] = json!(BUFFER);
+        kv(&mut v);
+        cfg.kv_events_config = Some(v.to_string());
+    })
+    .await;
+    KvEngine {
+        engine,
+        kv_port: base,
+        replay_port: base + 2,
+    }
+}
+
+fn free_base() -> u16 {
+    loadlink_publish::free_port_block(3).expect("a free port block")
+}
+
+async fn metric(c: &reqwest::Client, r: &RouterHandle, name: &str) -> f64 {
+    scrape(c, &r.url())
+        .await
+        .value(name, &[])
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+/// Waits (bounded) until the router has applied rank 0 exactly up to the engine's seq and its
+/// index equals the engine's cache read with that seq; returns the seq.
+async fn wait_view_at_engine_seq(c: &reqwest::Client, r: &RouterHandle, url: &str) -> i64 {
+    wait_until(
+        "the router's view at the engine's seq to equal its cache",
+        20,
+        || async {
+            let cut = engine_cut(c, url).await;
+            let (seq, blocks) = &cut[0];
+            let w = worker_json(c, &r.url(), url).await;
+            let applied = w["kv_events"]["last_seq"][0].as_i64();
+            let mine = router_blocks(r, url, 1).remove(0);
+            if applied == Some(*seq) && mine.as_ref() == Some(blocks) {
+                Ok(*seq)
+            } else {
+                Err(format!(
+                    "engine at seq {seq} with {} blocks; router at {applied:?} with {:?}",
+                    blocks.len(),
+                    mine.map(|b| b.len())
+                ))
+            }
+        },
+    )
+    .await
+}
+
+async fn assert_complete(c: &reqwest::Client, r: &RouterHandle, url: &str) {
+    let kv = &worker_json(c, &r.url(), url).await["kv_events"];
+    assert_eq!(kv["views"], json!(["complete"]), "{kv}");
+    assert_eq!(kv["needs_resync"], json!(false), "{kv}");
+    assert_eq!(kv["not_indexed_reason"], json!(null), "{kv}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_that_joins_after_10000_requests_indexes_exactly_the_engines_cache() {
+    let c = reqwest::Client::new();
+    let e = short_buffer_engine(0, free_base(), |_| {}).await;
+    let url = e.engine.url();
+    traffic(&c, &url, 0, 10_000, 8).await;
+    let before = engine_cut(&c, &url).await;
+    assert!(
+        before[0].0 > i64::from(BUFFER) * 10,
+        "far more batches than the buffer holds"
+    );
+    let r = router(vec![url.clone()], LoadSignal::Backlog, |_| {}).await;
+    let seq = wait_view_at_engine_seq(&c, &r, &url).await;
+    assert!(seq >= before[0].0);
+    assert_complete(&c, &r, &url).await;
+    assert!(metric(&c, &r, "loadlink_kv_snapshots_loaded_total").await >= 1.0);
+    assert!(metric(&c, &r, "loadlink_kv_snapshot_blocks_total").await >= before[0].1.len() as f64);
+    assert_eq!(
+        metric(&c, &r, "loadlink_kv_snapshots_failed_total").await,
+        0.0
+    );
+    r.stop().await;
+    e.engine.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_restarted_under_traffic_catches_up_from_a_snapshot() {
+    let c = reqwest::Client::new();
+    let e = short_buffer_engine(0, free_base(), |_| {}).await;
+    let url = e.engine.url();
+    let running = Arc::new(AtomicBool::new(true));
+    let bg = {
+        let (c, url, running) = (c.clone(), url.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while running.load(Ordering::Relaxed) {
+                send(&c, &url, i).await;
+                i += 1;
+            }
+            i
+        })
+    };
+    let first = router(vec![url.clone()], LoadSignal::Backlog, |_| {}).await;
+    wait_until("the first router to load a snapshot", 20, || async {
+        match metric(&c, &first, "loadlink_kv_snapshots_loaded_total").await {
+            n if n >= 1.0 => Ok(()),
+            n => Err(format!("{n} snapshots loaded")),
+        }
+    })
+    .await;
+    first.stop().await;
+    traffic(&c, &url, 20_000, 20_300, 4).await; // while no router listens
+    let second = router(vec![url.clone()], LoadSignal::Backlog, |_| {}).await;
+    traffic(&c, &url, 30_000, 30_300, 4).await; // while it joins
+    running.store(false, Ordering::Relaxed);
+    let sent = bg.await.expect("the background traffic");
+    assert!(sent > 0);
+    wait_view_at_engine_seq(&c, &second, &url).await;
+    assert_complete(&c, &second, &url).await;
+    assert!(metric(&c, &second, "loadlink_kv_snapshots_loaded_total").await >= 1.0);
+    second.stop().await;
+    e.engine.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engine_restart_is_recovered_from_the_new_engines_snapshot() {
+    let c = reqwest::Client::new();
+    let (http_port, base) = (
+        loadlink_publish::free_port_block(1).expect("a free port"),
+        free_base(),
+    );
+    let first = short_buffer_engine(http_port, base, |_| {}).await;
+    let url = first.engine.url();
+    let r = router(vec![url.clone()], LoadSignal::Backlog, |_| {}).await;
+    traffic(&c, &url, 0, 200, 4).await;
+    wait_view_at_engine_seq(&c, &r, &url).await;
+    let epoch_before = worker_json(&c, &r.url(), &url).await["kv_events"]["epochs"][0].clone();
+    first.engine.stop().await;
+    let second = short_buffer_engine(http_port, base, |_| {}).await;
+    // Many more batches than the buffer holds before the router can have reconnected.
+    traffic(&c, &url, 1_000, 1_400, 8).await;
+    wait_view_at_engine_seq(&c, &r, &url).await;
+    assert_complete(&c, &r, &url).await;
+    let epoch_after = worker_json(&c, &r.url(), &url).await["kv_events"]["epochs"][0].clone();
+    assert!(
+        epoch_after.as_u64() > epoch_before.as_u64(),
+        "the new lifetime's epoch: {epoch_before} then {epoch_after}"
+    );
+    r.stop().await;
+    second.engine.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publisher_overflow_is_a_gap_a_snapshot_fills() {
+    let c = reqwest::Client::new();
+    // A one-batch queue in front of a publisher thread that stalls on every batch: bursts drop.
+    let e = short_buffer_engine(0, free_base(), |kv| {
+        kv["max_queue_size"] = json!(1);
+    })
+    .await;
+    let url = e.engine.url();
+    let r = router(vec![url.clone()], LoadSignal::Backlog, |_| {}).await;
+    wait_view_at_engine_seq(&c, &r, &url).await;
+    e.engine
+        .stall_kv_publisher(std::time::Duration::from_millis(5));
+    traffic(&c, &url, 0, 400, 8).await;
+    e.engine.stall_kv_publisher(std::time::Duration::ZERO);
+    let dropped = scrape(&c, &url)
+        .await
+        .value(
+            "loadlink_engine_kv_events_batches_total",
+            &[("dp_rank", "0"), ("outcome", "dropped")],
+        )
+        .unwrap_or(0.0);
+    assert!(dropped > 0.0, "the burst overflowed the queue");
+    traffic(&c, &url, 1_000, 1_010, 1).await; // batches after the holes reveal them
+    wait_view_at_engine_seq(&c, &r, &url).await;
+    assert_complete(&c, &r, &url).await;
+    assert!(metric(&c, &r, "loadlink_kv_gaps_total").await >= 1.0);
+    assert!(metric(&c, &r, "loadlink_kv_snapshots_loaded_total").await >= 2.0);
+    r.stop().await;
+    e.engine.stop().await;
+}
