@@ -46,6 +46,13 @@ pub struct EngineArgs {
     /// Wire generation of the load socket: snapshot (full map, empty topic) or loadstat (SGLang 0.5.23).
     #[arg(long, default_value = "snapshot", value_parser = Generation::parse)]
     load_wire: Generation,
+    /// Append the publisher's epoch to the KV-event topic frame, `{topic}\0sgl-kv-epoch=N`, on
+    /// live and replayed batches (SGLang's snapshot v2 draft), so a subscriber sees a rank restart
+    /// (a new epoch) even when seqs look continuous. SUBs subscribed to the topic still match it
+    /// (prefix). `false` sends the bare topic, as SGLang 0.5.23 does, for consumers that compare
+    /// the topic frame exactly.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    kv_epoch_in_topic: bool,
     /// Run the timing model this many times faster than real time.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
@@ -140,6 +147,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
         model_name: a.model_name,
         publish_point: a.publish_point,
         flavor: a.flavor,
+        kv_epoch_in_topic: a.kv_epoch_in_topic,
     };
     let rt = crate::runtime()?;
     rt.block_on(async move {

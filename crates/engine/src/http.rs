@@ -201,6 +201,9 @@ fn start_ranks(cfg: &EngineConfig, settings: &EngineSettings) -> Vec<RankHandle>
                 tracing::warn!(rank = r, "KV events not published: {e}");
                 None
             });
+            if let Some(k) = &kv {
+                k.set_epoch_in_topic(cfg.kv_epoch_in_topic);
+            }
             spawn(
                 r,
                 cfg.model,

@@ -179,7 +179,9 @@ fn publish_family(page: &mut Exposition, st: &AppState) {
         "loadlink_publish_total",
         MetricType::Counter,
         "Publications per rank, sink and outcome: the load sinks' snapshots, and the kv_events \
-         sink's batches (dropped: its queue was full; replays: replay requests served)",
+         sink's batches (dropped: its queue was full, a seq hole subscribers see; replays: replay \
+         requests served; snapshots: snapshot answers served; snapshot_errors: snapshot requests \
+         answered with an error)",
     );
     for r in &st.ranks {
         let mut sinks: Vec<(&str, Vec<(&str, &AtomicU64)>)> = r
@@ -201,6 +203,8 @@ fn publish_family(page: &mut Exposition, st: &AppState) {
                 ("dropped", &k.dropped),
                 ("failed", &k.errors),
                 ("replays", &k.replays),
+                ("snapshots", &k.snapshots),
+                ("snapshot_errors", &k.snapshot_errors),
             ];
             sinks.push(("kv_events", outcomes));
         }

@@ -16,6 +16,7 @@
 //!
 //! Pure: no clock (recency is a counter), no I/O. The owner drains [`PrefixCache::take_events`].
 
+use loadlink_publish::CutPage;
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, block_hash, page_digest};
 use std::collections::{BTreeSet, HashMap};
 
@@ -344,6 +345,19 @@ impl PrefixCache {
     /// The tokens of a cached page.
     pub fn page_tokens(&self, hash: i64) -> Option<&[u32]> {
         self.nodes.get(&hash).map(|n| &*n.tokens)
+    }
+
+    /// Every cached page with its parent and tier, for a snapshot cut: one O(pages) copy, done
+    /// under the scheduler lock; ordering and encoding happen later, off the lock. Device pages
+    /// (`medium: None`).
+    pub fn export_pages(&self) -> Vec<CutPage> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        out.extend(self.nodes.iter().map(|(&hash, n)| CutPage {
+            hash,
+            parent: n.parent,
+            medium: None,
+        }));
+        out
     }
 }
 

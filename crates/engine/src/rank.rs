@@ -13,7 +13,7 @@
 use crate::cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, PublishCycle, PublishPoint};
 use crate::model::{Event, ModelConfig, Scheduler, Step, StepKind, Submit};
 use loadlink_publish::{
-    KvEventPublisher, KvPublisherStats, LoadSource, Publisher, Sink, SinkStats,
+    CacheCut, KvEventPublisher, KvPublisherStats, KvSeq, LoadSource, Publisher, Sink, SinkStats,
 };
 use loadlink_wire::kv_events::KvEventBatch;
 use std::collections::HashMap;
@@ -54,6 +54,9 @@ pub struct RankHandle {
     pub kv_events: Option<Arc<KvPublisherStats>>,
     /// The rank's scheduler, for read-only debug routes (`/cache_blocks`).
     pub scheduler: Arc<Mutex<Scheduler>>,
+    /// The KV-event seq counter (read under the scheduler lock, it agrees with the cache) and
+    /// the publisher's epoch, when this rank publishes KV events.
+    pub kv_seq: Option<(KvSeq, u64)>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -105,6 +108,10 @@ pub fn spawn(
     let steps = Arc::new(AtomicU64::new(0));
     let steps2 = steps.clone();
     let kv_events = kv.as_ref().map(KvEventPublisher::stats);
+    let kv_seq = kv.as_ref().map(|k| (k.seq(), k.epoch()));
+    if let Some(k) = &kv {
+        k.set_snapshot_source(snapshot_source(rank, scheduler.clone(), k.seq()));
+    }
     let shared = scheduler.clone();
     let mut turns = RankLoop::new(scheduler, publisher, point, virtual_now);
     turns.kv = kv.map(|p| (rank, p));
@@ -121,8 +128,32 @@ pub fn spawn(
         cache,
         kv_events,
         scheduler: shared,
+        kv_seq,
         thread: Mutex::new(Some(thread)),
     }
+}
+
+/// The rank's snapshot source, called on the publisher's replay thread: under the scheduler lock
+/// (where every batch is handed over and given its seq) it reads the last assigned seq and copies
+/// the cache's pages, nothing more; the publisher orders and encodes them after the lock is gone.
+fn snapshot_source(
+    rank: u32,
+    sched: Arc<Mutex<Scheduler>>,
+    seq: KvSeq,
+) -> loadlink_publish::SnapshotSource {
+    Arc::new(move || {
+        let s = sched.lock().ok()?;
+        let barrier_seq = seq.last_assigned();
+        let pages = s.prefix_cache().export_pages();
+        let page_size = u32::try_from(s.config().page_size).unwrap_or(u32::MAX);
+        drop(s);
+        Some(CacheCut {
+            replica_rank: rank,
+            barrier_seq,
+            page_size,
+            pages,
+        })
+    })
 }
 
 /// The rank thread: wait for commands (bounded while idle), one turn, sleep the step, deliver.
@@ -264,6 +295,9 @@ impl<S: LoadSource> RankLoop<S> {
     }
 
     /// After a step: the cache's events go out as one batch, and its counters are refreshed.
+    /// The events are taken **and** handed over (given their seq) under the scheduler lock, so
+    /// the cache and the last assigned seq always agree under that lock (snapshot cuts and
+    /// `/cache_blocks` read both there).
     fn cache_changes(&mut self) {
         let Ok(mut sched) = self.sched.lock() else {
             return;
@@ -277,13 +311,14 @@ impl<S: LoadSource> RankLoop<S> {
             return;
         };
         let events = sched.take_kv_events();
-        drop(sched);
         if !events.is_empty() {
+            // A try_send: the lock is held for the seq increment and the queue push only.
             kv.publish(KvEventBatch {
                 ts: wall_now(),
                 events,
                 attn_dp_rank: Some(i64::from(*rank)),
             });
         }
+        drop(sched);
     }
 }

@@ -15,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use loadlink_wire::Generation;
 use loadlink_wire::LoadSnapshot;
+use loadlink_wire::descriptor::KvSnapshotSupport;
+use loadlink_wire::kv_snapshot::SNAPSHOT_REQUEST;
 use loadlink_wire::loads::{
     Include, LoadsMeta, iso8601, render_json, render_prometheus, snapshot_dict,
 };
@@ -152,12 +154,30 @@ pub(crate) async fn models(State(st): State<Arc<AppState>>) -> Response {
 
 pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
     let c = &st.cfg;
-    let kv = st
+    let mut kv = st
         .settings
         .advertise(c.model.page_size as i64)
         .map_or(Value::Null, |d| {
             serde_json::to_value(d).unwrap_or(Value::Null)
         });
+    // Epochs (and snapshots), when every rank publishes (a rank whose sockets failed to bind has
+    // no publisher, hence no epoch: then none is advertised).
+    let epochs: Option<Vec<u64>> = st
+        .ranks
+        .iter()
+        .map(|r| r.kv_seq.as_ref().map(|(_, e)| *e))
+        .collect();
+    if let Some(epochs) = epochs.filter(|e| !e.is_empty()) {
+        // Snapshots are answered on the replay sockets: advertised only where those exist.
+        let replay = kv
+            .get("replay_endpoint_port_base")
+            .is_some_and(|v| !v.is_null());
+        KvSnapshotSupport {
+            snapshot: replay.then(|| String::from_utf8_lossy(SNAPSHOT_REQUEST).into_owned()),
+            epochs,
+        }
+        .insert_into(&mut kv);
+    }
     axum::Json(json!({
         "model_path": c.model_name,
         "served_model_name": c.model_name,
@@ -220,18 +240,25 @@ pub(crate) async fn flush_cache(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /cache_blocks` (debug): every rank's cached page hashes, sorted, as
-/// `{"ranks": [{"dp_rank", "block_size", "blocks": [...]}]}`. What a KV-event subscriber's index
-/// must converge to; the router's KV-index tests compare with it.
+/// `{"ranks": [{"dp_rank", "block_size", "blocks": [...], "seq", "epoch"}]}`. What a KV-event
+/// subscriber's index must converge to; the router's KV-index tests compare with it. `seq` is the
+/// last KV batch seq assigned (−1: none yet), read under the scheduler lock with the blocks, so a
+/// subscriber that applied every batch up to `seq` holds exactly `blocks`; `seq` and `epoch` are
+/// null when the rank publishes no KV events.
 pub(crate) async fn cache_blocks(State(st): State<Arc<AppState>>) -> Response {
     let ranks: Vec<Value> = st
         .ranks
         .iter()
         .map(|r| {
-            let (blocks, page) = match r.scheduler.lock() {
-                Ok(s) => (s.cached_blocks(), s.config().page_size),
-                Err(_) => (Vec::new(), 0),
+            let (blocks, page, seq) = match r.scheduler.lock() {
+                Ok(s) => {
+                    let seq = r.kv_seq.as_ref().map(|(q, _)| q.last_assigned());
+                    (s.cached_blocks(), s.config().page_size, seq)
+                }
+                Err(_) => (Vec::new(), 0, None),
             };
-            json!({"dp_rank": r.rank, "block_size": page, "blocks": blocks})
+            let epoch = r.kv_seq.as_ref().map(|(_, e)| *e);
+            json!({"dp_rank": r.rank, "block_size": page, "blocks": blocks, "seq": seq, "epoch": epoch})
         })
         .collect();
     axum::Json(json!({ "ranks": ranks })).into_response()

@@ -33,6 +33,8 @@ pub struct EngineConfig {
     /// Whose HTTP surface to present (`--flavor`); the vLLM flavour publishes no load socket and
     /// no KV events whatever the settings say.
     pub flavor: Flavor,
+    /// Append `\0sgl-kv-epoch={epoch}` to the KV-event topic frame (`--kv-epoch-in-topic`).
+    pub kv_epoch_in_topic: bool,
 }
 
 impl Default for EngineConfig {
@@ -51,6 +53,7 @@ impl Default for EngineConfig {
             model_name: "loadlink-sim".into(),
             publish_point: PublishPoint::default(),
             flavor: Flavor::default(),
+            kv_epoch_in_topic: true,
         }
     }
 }

@@ -1,26 +1,31 @@
 //! The KV-event publisher of one rank: SGLang's `ZmqEventPublisher` contract, written for a
-//! scheduler that must never wait.
+//! scheduler that must never wait, and for subscribers that must never miss a loss unawares.
 //!
-//! * The scheduler hands over each step's events with [`KvEventPublisher::publish`]: a
-//!   `try_send` into a bounded queue (`max_queue_size`). A full queue drops the batch and counts it;
-//!   the scheduler is never blocked.
-//! * A background thread numbers each batch (seq from 0), encodes it once and sends the three
-//!   frames `[topic, seq BE, payload]` on a PUB bound at the rank's endpoint (HWM `hwm`: a slow
-//!   subscriber loses batches at the socket, never the scheduler's time), and keeps the last
-//!   `buffer_steps` batches for replay.
-//! * Replay: a ROUTER at the rank's replay endpoint. A DEALER sends `[b"", start seq]`; it gets
-//!   every buffered batch from that seq as `[b"", topic, seq, payload]`, then the end marker
-//!   `[b"", b"", -1, b""]`. A subscriber that saw a gap can recover what it missed while the
-//!   buffer still holds it.
+//! * The scheduler hands over each step's events with [`KvEventPublisher::publish`]. The seq is
+//!   assigned right there, on the caller's side (an atomic the publisher exposes as [`KvSeq`]),
+//!   **before** the bounded queue (`max_queue_size`): a batch dropped on a full queue is a seq
+//!   hole every subscriber sees as a gap (and counts in `dropped`), never a silent divergence.
+//!   The scheduler is never blocked.
+//! * A background thread encodes each batch once and sends `[topic, seq BE, payload]` on a PUB
+//!   bound at the rank's endpoint (HWM `hwm`: a slow subscriber loses batches at the socket, and
+//!   sees the hole), and pushes `(seq, payload)` into the replay buffer (`buffer_steps` batches).
+//! * Replay and snapshots are served by a second thread that owns the ROUTER (see
+//!   [`crate::kv_replay`]), so neither can stall the live stream.
+//! * Each publisher lifetime has an epoch (ns since the UNIX epoch at bind, strictly larger than
+//!   any earlier one in the process). With `epoch_in_topic` (the default) the topic frame of live
+//!   and replayed batches is `{topic}\0sgl-kv-epoch={epoch}`, as SGLang's v2 draft writes it; a
+//!   SUB subscribed to `topic` still matches it (prefix match).
 
+use crate::kv_cut::SnapshotSource;
+use crate::kv_replay::{ReplayBuffer, ReplayServer};
 use crate::sink::SinkError;
 use loadlink_wire::frame::seq_frame;
 use loadlink_wire::kv_events::{KvEventBatch, encode_kv_batch};
-use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::time::Duration;
+use loadlink_wire::kv_snapshot::epoch_topic;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where and how one rank publishes.
 #[derive(Debug, Clone)]
@@ -33,6 +38,9 @@ pub struct KvPublisherConfig {
     pub buffer_steps: usize,
     pub hwm: i32,
     pub max_queue_size: usize,
+    /// Append `\0sgl-kv-epoch={epoch}` to the topic frame (default on; see
+    /// [`KvEventPublisher::set_epoch_in_topic`]).
+    pub epoch_in_topic: bool,
 }
 
 impl KvPublisherConfig {
@@ -45,6 +53,7 @@ impl KvPublisherConfig {
             buffer_steps: 10_000,
             hwm: 100_000,
             max_queue_size: 100_000,
+            epoch_in_topic: true,
         }
     }
 }
@@ -54,25 +63,78 @@ impl KvPublisherConfig {
 pub struct KvPublisherStats {
     /// Batches sent on the PUB socket.
     pub published: AtomicU64,
-    /// Batches dropped because the queue was full (the publisher thread fell behind).
+    /// Batches dropped because the queue was full (each one a seq hole).
     pub dropped: AtomicU64,
     /// Replay requests received (well-formed).
     pub replays: AtomicU64,
-    /// Send or replay errors.
+    /// Snapshot answers served (header, chunks, end), one per requesting client.
+    pub snapshots: AtomicU64,
+    /// Snapshot requests answered with `error` (no source, or the source failed).
+    pub snapshot_errors: AtomicU64,
+    /// Send or replay errors, and malformed requests.
     pub errors: AtomicU64,
 }
 
-pub struct KvEventPublisher {
-    tx: Option<SyncSender<KvEventBatch>>,
-    stats: Arc<KvPublisherStats>,
-    thread: Option<std::thread::JoinHandle<()>>,
+/// The seq counter of one publisher: read the last assigned seq where the batches are handed
+/// over (under the same lock), and the two agree.
+#[derive(Debug, Clone)]
+pub struct KvSeq(Arc<AtomicI64>);
+
+impl KvSeq {
+    /// The seq of the last batch handed to [`KvEventPublisher::publish`] (published or dropped);
+    /// −1 before the first.
+    pub fn last_assigned(&self) -> i64 {
+        self.0.load(Ordering::Acquire) - 1
+    }
 }
 
-/// How long the thread waits for a batch before it looks at the replay socket again.
-const REPLAY_POLL: Duration = Duration::from_millis(5);
+/// The topic frame, with and without the epoch suffix, and which one is sent.
+pub(crate) struct TopicFrame {
+    plain: Vec<u8>,
+    with_epoch: Vec<u8>,
+    epoch_on: AtomicBool,
+}
+
+impl TopicFrame {
+    pub(crate) fn current(&self) -> &[u8] {
+        if self.epoch_on.load(Ordering::Relaxed) {
+            &self.with_epoch
+        } else {
+            &self.plain
+        }
+    }
+}
+
+/// The last epoch handed out in this process: a restart within one process (tests, a rebind)
+/// must still see a larger epoch, even if the clock did not move or went back.
+static LAST_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+fn next_epoch() -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let prev = LAST_EPOCH
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+            Some(now.max(last.saturating_add(1)))
+        })
+        .unwrap_or(0);
+    now.max(prev.saturating_add(1))
+}
+
+pub struct KvEventPublisher {
+    tx: Option<SyncSender<(i64, KvEventBatch)>>,
+    next_seq: Arc<AtomicI64>,
+    epoch: u64,
+    topic: Arc<TopicFrame>,
+    source: Arc<OnceLock<SnapshotSource>>,
+    stats: Arc<KvPublisherStats>,
+    stop_replay: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    replay_thread: Option<std::thread::JoinHandle<()>>,
+}
 
 impl KvEventPublisher {
-    /// Binds the PUB (and the replay ROUTER) and starts the thread.
+    /// Binds the PUB (and the replay ROUTER) and starts the threads.
     pub fn bind(ctx: &zmq::Context, cfg: KvPublisherConfig) -> Result<Self, SinkError> {
         let pub_socket = ctx.socket(zmq::PUB)?;
         pub_socket.set_sndhwm(cfg.hwm)?;
@@ -87,34 +149,85 @@ impl KvEventPublisher {
             }
             None => None,
         };
+        let epoch = next_epoch();
+        let mut with_epoch = Vec::with_capacity(cfg.topic.len() + 40);
+        epoch_topic(cfg.topic.as_bytes(), epoch, &mut with_epoch);
+        let topic = Arc::new(TopicFrame {
+            plain: cfg.topic.into_bytes(),
+            with_epoch,
+            epoch_on: AtomicBool::new(cfg.epoch_in_topic),
+        });
         let (tx, rx) = sync_channel(cfg.max_queue_size.max(1));
         let stats = Arc::new(KvPublisherStats::default());
-        let mut worker = Worker {
+        let source = Arc::new(OnceLock::new());
+        let stop_replay = Arc::new(AtomicBool::new(false));
+        let buffer = replay
+            .is_some()
+            .then(|| Arc::new(ReplayBuffer::new(cfg.buffer_steps)));
+        let replay_thread = match (replay, &buffer) {
+            (Some(socket), Some(buffer)) => {
+                let server = ReplayServer {
+                    socket,
+                    buffer: buffer.clone(),
+                    topic: topic.clone(),
+                    stats: stats.clone(),
+                    source: source.clone(),
+                    epoch,
+                    stop: stop_replay.clone(),
+                    next_barrier_id: 1,
+                };
+                Some(
+                    std::thread::Builder::new()
+                        .name("kv-replay".into())
+                        .spawn(move || server.run())
+                        .map_err(SinkError::Io)?,
+                )
+            }
+            _ => None,
+        };
+        let worker = Worker {
             pub_socket,
-            replay,
-            topic: cfg.topic.into_bytes(),
-            buffer: VecDeque::with_capacity(cfg.buffer_steps.min(1024)),
-            buffer_steps: cfg.buffer_steps.max(1),
-            seq: 0,
+            buffer,
+            topic: topic.clone(),
+            scratch: Vec::with_capacity(256),
             stats: stats.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("kv-events".into())
-            .spawn(move || worker.run(rx))
-            .map_err(SinkError::Io)?;
+            .spawn(move || worker.run(rx));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                stop_replay.store(true, Ordering::Release);
+                if let Some(t) = replay_thread {
+                    let _ = t.join();
+                }
+                return Err(SinkError::Io(e));
+            }
+        };
         Ok(KvEventPublisher {
             tx: Some(tx),
+            next_seq: Arc::new(AtomicI64::new(0)),
+            epoch,
+            topic,
+            source,
             stats,
+            stop_replay,
             thread: Some(thread),
+            replay_thread,
         })
     }
 
-    /// Hands a batch to the publisher thread; `false` when the queue was full (dropped, counted).
+    /// Assigns the batch the next seq and hands it to the publishing thread; `false` when the
+    /// queue was full (dropped and counted: the seq stays a hole). Call it from one thread at a
+    /// time (the scheduler's), or seqs may reach the queue out of order.
     pub fn publish(&self, batch: KvEventBatch) -> bool {
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
         let Some(tx) = &self.tx else {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        match tx.try_send(batch) {
+        match tx.try_send((seq, batch)) {
             Ok(()) => true,
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
@@ -123,14 +236,40 @@ impl KvEventPublisher {
         }
     }
 
+    /// The seq counter, for reading the last assigned seq elsewhere (a snapshot source).
+    pub fn seq(&self) -> KvSeq {
+        KvSeq(self.next_seq.clone())
+    }
+
+    /// This publisher lifetime's epoch (ns since the UNIX epoch at bind).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Turns the topic frame's epoch suffix on or off (before the first batch, or replayed
+    /// frames will differ from the live ones they copy).
+    pub fn set_epoch_in_topic(&self, on: bool) {
+        self.topic.epoch_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Installs the snapshot source, called on the replay thread for each snapshot cut. Set once
+    /// (the engine builds its publisher before the scheduler it cuts); `false` when one was set.
+    pub fn set_snapshot_source(&self, source: SnapshotSource) -> bool {
+        self.source.set(source).is_ok()
+    }
+
     pub fn stats(&self) -> Arc<KvPublisherStats> {
         self.stats.clone()
     }
 
-    /// Sends what is queued, then stops the thread and closes the sockets.
+    /// Sends what is queued, then stops both threads and closes the sockets.
     pub fn close(&mut self) {
         self.tx = None;
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.stop_replay.store(true, Ordering::Release);
+        if let Some(t) = self.replay_thread.take() {
             let _ = t.join();
         }
     }
@@ -142,73 +281,33 @@ impl Drop for KvEventPublisher {
     }
 }
 
+/// The publishing thread: encode, send, buffer. It never reads a socket.
 struct Worker {
     pub_socket: zmq::Socket,
-    replay: Option<zmq::Socket>,
-    topic: Vec<u8>,
-    buffer: VecDeque<(i64, Vec<u8>)>,
-    buffer_steps: usize,
-    seq: i64,
+    buffer: Option<Arc<ReplayBuffer>>,
+    topic: Arc<TopicFrame>,
+    scratch: Vec<u8>,
     stats: Arc<KvPublisherStats>,
 }
 
 impl Worker {
-    fn run(&mut self, rx: Receiver<KvEventBatch>) {
-        loop {
-            self.serve_replays();
-            match rx.recv_timeout(REPLAY_POLL) {
-                Ok(batch) => self.send(&batch),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
+    fn run(mut self, rx: Receiver<(i64, KvEventBatch)>) {
+        while let Ok((seq, batch)) = rx.recv() {
+            self.send(seq, &batch);
         }
     }
 
-    fn send(&mut self, batch: &KvEventBatch) {
-        // Reuse the buffer slot that falls out of the replay window.
-        let mut payload = if self.buffer.len() >= self.buffer_steps {
-            self.buffer.pop_front().map(|(_, b)| b).unwrap_or_default()
-        } else {
-            Vec::with_capacity(256)
-        };
-        payload.clear();
-        encode_kv_batch(batch, &mut payload);
-        let seq = self.seq;
-        self.seq += 1;
-        let frames: [&[u8]; 3] = [&self.topic, &seq_frame(seq), &payload];
+    fn send(&mut self, seq: i64, batch: &KvEventBatch) {
+        self.scratch.clear();
+        encode_kv_batch(batch, &mut self.scratch);
+        let frames: [&[u8]; 3] = [self.topic.current(), &seq_frame(seq), &self.scratch];
         match self.pub_socket.send_multipart(frames, zmq::DONTWAIT) {
             Ok(()) => self.stats.published.fetch_add(1, Ordering::Relaxed),
             // At HWM the PUB drops for that subscriber by itself; EAGAIN does not occur on PUB.
             Err(_) => self.stats.errors.fetch_add(1, Ordering::Relaxed),
         };
-        self.buffer.push_back((seq, payload));
-    }
-
-    fn serve_replays(&mut self) {
-        let Some(replay) = &self.replay else {
-            return;
-        };
-        while let Ok(frames) = replay.recv_multipart(zmq::DONTWAIT) {
-            let [client, _, start] = &frames[..] else {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(i64::from_be_bytes) else {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            // Counted before the answer goes out, so a client that has its end marker sees it.
-            self.stats.replays.fetch_add(1, Ordering::Relaxed);
-            let mut ok = true;
-            for (seq, payload) in self.buffer.iter().filter(|(s, _)| *s >= start) {
-                let f: [&[u8]; 5] = [client, b"", &self.topic, &seq_frame(*seq), payload];
-                ok &= replay.send_multipart(f, 0).is_ok();
-            }
-            let end: [&[u8]; 5] = [client, b"", b"", &seq_frame(-1), b""];
-            ok &= replay.send_multipart(end, 0).is_ok();
-            if !ok {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(b) = &self.buffer {
+            b.push(seq, Arc::from(&self.scratch[..]));
         }
     }
 }

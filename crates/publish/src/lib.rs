@@ -6,7 +6,9 @@
 
 pub mod factory;
 pub mod free_ports;
+pub mod kv_cut;
 pub mod kv_publisher;
+mod kv_replay;
 pub mod memory_sink;
 pub mod publisher;
 pub mod shm_sink;
@@ -18,7 +20,8 @@ pub use factory::{
     BuiltSinks, EngineSettings, InternalSink, build_kv_publisher, build_sinks, sink_interval,
 };
 pub use free_ports::free_port_block;
-pub use kv_publisher::{KvEventPublisher, KvPublisherConfig, KvPublisherStats};
+pub use kv_cut::{CacheCut, CutPage, SnapshotSource, order_records, snapshot_replies};
+pub use kv_publisher::{KvEventPublisher, KvPublisherConfig, KvPublisherStats, KvSeq};
 pub use memory_sink::{MemorySink, Sent};
 pub use publisher::{
     CycleReport, FailureReport, FailureThrottle, LoadSource, Publisher, SinkStats,

@@ -1,9 +1,10 @@
 //! The KV-event publisher on real libzmq sockets: live frames in order, replay from a seq with the
-//! end marker, and a full queue that drops (counted) instead of blocking.
+//! end marker, and a full queue that drops (counted, a seq hole) instead of blocking.
 
 use loadlink_publish::{KvEventPublisher, KvPublisherConfig, free_port_block};
 use loadlink_testkit::{first_message, replay, sub};
 use loadlink_wire::kv_events::{BlockRemoved, KvEvent, KvEventBatch, decode_kv_batch};
+use loadlink_wire::kv_snapshot::split_epoch_topic;
 use std::sync::atomic::Ordering;
 
 fn batch(i: i64) -> KvEventBatch {
@@ -55,7 +56,8 @@ fn live_frames_in_order_and_replay_from_a_seq() {
     while live.len() < 6 {
         let f = sub.recv_multipart(0).unwrap();
         assert_eq!(f.len(), 3);
-        assert_eq!(f[0], b"kv");
+        // The topic frame carries this publisher's epoch (on by default).
+        assert_eq!(split_epoch_topic(&f[0]), (&b"kv"[..], Some(p.epoch())));
         let seq = i64::from_be_bytes(f[1][..].try_into().unwrap());
         live.push((seq, decode_kv_batch(&f[2]).unwrap()));
     }
@@ -70,7 +72,7 @@ fn live_frames_in_order_and_replay_from_a_seq() {
     let replayed: Vec<_> = replay(ports[1], first + 3)
         .into_iter()
         .map(|r| {
-            assert_eq!(r.topic, b"kv");
+            assert_eq!(split_epoch_topic(&r.topic), (&b"kv"[..], Some(p.epoch())));
             (r.seq, decode_kv_batch(&r.payload).unwrap())
         })
         .collect();
@@ -92,4 +94,6 @@ fn a_full_queue_drops_and_counts_instead_of_blocking() {
     assert_eq!(s.dropped.load(Ordering::Relaxed), n as u64 - accepted);
     assert_eq!(s.published.load(Ordering::Relaxed), accepted);
     assert!(accepted >= 1);
+    // Every batch was given a seq, dropped or not: the drops are holes, not a shorter stream.
+    assert_eq!(p.seq().last_assigned(), n - 1);
 }

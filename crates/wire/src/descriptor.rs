@@ -31,6 +31,62 @@ pub struct KvEventsDescriptor {
     pub replay_endpoint_port_base: Option<u16>,
 }
 
+/// What an engine says, beside the descriptor's fields, about KV snapshots: `"snapshot":
+/// "snapshot-v1"` (the request its replay sockets answer; absent without replay sockets) and
+/// `"epochs": [one per rank]` (each rank's publisher lifetime; a larger one means the rank
+/// restarted and its seqs began anew).
+///
+/// Kept apart from [`KvEventsDescriptor`] (read from and written into the same `kv_events`
+/// object) so the descriptor's struct literals elsewhere stay valid; absent on engines that do not
+/// serve snapshots (SGLang 0.5.23).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvSnapshotSupport {
+    pub snapshot: Option<String>,
+    pub epochs: Vec<u64>,
+}
+
+impl KvSnapshotSupport {
+    /// Adds `snapshot` and `epochs` to a serialized `kv_events` object (no-op on anything else).
+    pub fn insert_into(&self, kv_events: &mut serde_json::Value) {
+        if let Some(o) = kv_events.as_object_mut() {
+            if let Some(s) = &self.snapshot {
+                o.insert("snapshot".into(), s.clone().into());
+            }
+            o.insert("epochs".into(), self.epochs.clone().into());
+        }
+    }
+}
+
+/// Reads [`KvSnapshotSupport`] from a parsed `/server_info`: `Ok(None)` when `kv_events` is
+/// absent/null or has neither `snapshot` nor `epochs`; an error names the field when present but
+/// malformed.
+pub fn snapshot_support_of(
+    server_info: &serde_json::Value,
+) -> Result<Option<KvSnapshotSupport>, DescriptorError> {
+    let Some(kv) = server_info.get("kv_events").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let snapshot = match kv.get("snapshot") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(DescriptorError::Field(format!(
+                "snapshot: expected a string such as \"snapshot-v1\", got {other}"
+            )));
+        }
+    };
+    let epochs = match kv.get("epochs") {
+        None | Some(serde_json::Value::Null) if snapshot.is_none() => return Ok(None),
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(v) => Vec::<u64>::deserialize(v).map_err(|e| {
+            DescriptorError::Field(format!(
+                "epochs: expected a list of u64, one per rank ({e})"
+            ))
+        })?,
+    };
+    Ok(Some(KvSnapshotSupport { snapshot, epochs }))
+}
+
 /// One rank's KV-event stream a subscriber should dial: the PUB (`endpoint_port_base + rank`) and,
 /// when the engine advertises one, its replay ROUTER (`replay_endpoint_port_base + rank`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,6 +318,34 @@ mod tests {
             ..d
         };
         assert_eq!(edge.kv_endpoints("h"), None, "rank 1 would be port 65536");
+    }
+
+    #[test]
+    fn snapshot_support_round_trips_beside_the_descriptor() {
+        let body =
+            br#"{"kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,
+            "topic":"","block_size":16,"dp_size":2}}"#;
+        let info: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(snapshot_support_of(&info).unwrap(), None);
+        let support = KvSnapshotSupport {
+            snapshot: Some("snapshot-v1".into()),
+            epochs: vec![u64::MAX, 1_790_000_000_000_000_000],
+        };
+        let mut info = info;
+        support.insert_into(&mut info["kv_events"]);
+        assert_eq!(snapshot_support_of(&info).unwrap(), Some(support));
+        // The descriptor still parses with the extra fields.
+        assert_eq!(descriptor_of(&info).unwrap().unwrap().dp_size, 2);
+        info["kv_events"]["epochs"] = serde_json::json!([-1]);
+        let e = snapshot_support_of(&info).unwrap_err().to_string();
+        assert!(e.contains("epochs"), "{e}");
+        info["kv_events"]["snapshot"] = serde_json::json!(1);
+        let e = snapshot_support_of(&info).unwrap_err().to_string();
+        assert!(e.contains("snapshot"), "{e}");
+        assert_eq!(
+            snapshot_support_of(&serde_json::json!({"kv_events": null})).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -244,6 +244,11 @@ impl Scheduler {
         self.cache.stats()
     }
 
+    /// The rank's prefix cache, read-only (snapshot cuts, debug routes).
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
