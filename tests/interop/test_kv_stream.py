@@ -21,8 +21,8 @@ import msgspec
 import pytest
 
 from conftest import loadlink_bin, run_lines
-from live import (END_SEQ, LineReader, generate, join, recv, replay, seq_of, start_engine,
-                  subscriber, wait_until)
+from live import (END_SEQ, LineReader, generate, get_json, join, recv, replay, seq_of,
+                  start_engine, subscriber, wait_until)
 from sglang_oracle import kv_events as kv
 from test_kv_events import corpus as kv_corpus
 from test_publish_interop import free_port_block
@@ -130,7 +130,9 @@ def test_sglang_decodes_the_engines_live_stream(kv_engine):
     older, _ = replay(kv_engine.replay, 0)
     frames = [r[1:] for r in older if seq_of(r[1:]) < seq_of(first)] + live
     assert [seq_of(f) for f in frames] == list(range(len(frames))), "a gap or reorder in the stream"
-    assert all(f[0] == b"" for f in frames)
+    # The empty topic, with the engine's epoch appended (`{topic}\0sgl-kv-epoch=N`, on by default).
+    epoch = get_json(f"{kv_engine.url}/server_info")["kv_events"]["epochs"][0]
+    assert all(f[0] == b"\0sgl-kv-epoch=%d" % epoch for f in frames)
 
     batches = [DECODER.decode(f[2]) for f in frames]
     after, history = check_stream(batches)

@@ -116,7 +116,7 @@ pub fn snapshot_replies(
 ) -> Vec<(&'static [u8], Vec<u8>)> {
     let chunks = chunk_records(order_records(&cut.pages));
     let records: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-    let header = SnapshotHeader::new(
+    let mut header = SnapshotHeader::new(
         epoch,
         cut.replica_rank,
         cut.barrier_seq,
@@ -124,6 +124,8 @@ pub fn snapshot_replies(
         records,
         cut.page_size,
     );
+    // A page size the source does not know is left out rather than sent as an invalid 0.
+    header.page_size = header.page_size.filter(|&p| p > 0);
     let mut out = Vec::with_capacity(chunks.len() + 2);
     let mut h = Vec::with_capacity(160);
     encode_header(&header, &mut h);

@@ -21,6 +21,7 @@
 //!   router's KV index equals it, and a cuttable TCP relay with a `/server_info` front (to make a
 //!   router miss batches on purpose).
 //! * [`replay`]: asks a KV-event publisher's replay socket for its buffered batches.
+//! * [`kv_snapshot`]: asks a replay socket for a `snapshot-v1` cut and checks the answer's shape.
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
 //! * [`rank_worker`]: a worker of several DP ranks, each publishing its own load, that records
 //!   the rank header and body of every request it receives.
@@ -37,6 +38,7 @@ pub mod hostile_http;
 pub mod hostile_pub;
 pub mod http;
 pub mod kv;
+pub mod kv_snapshot;
 pub mod kv_sync;
 pub mod metrics;
 pub mod polled_worker;
