@@ -27,6 +27,10 @@
 //!   ([`KvIndex::unlink_step`]), so the caller can release its lock between steps instead of
 //!   holding it for O(blocks) work while every request's lookup waits. Until then a stale holder
 //!   entry only costs a probe: every depth is checked against the slot's own set.
+//! * **Tiers** ([`super::tier`]): a slot holds a block on the device, the host or both; the
+//!   lookup answers each slot's depth on any tier and on the device
+//!   ([`KvIndex::match_tiers_into`]). A device store needs its parent on the device, a host store
+//!   its parent on any tier, which keeps both views nested.
 //! * **Bounds.** At most `max_blocks` distinct blocks; a `BlockStored` past that is dropped and
 //!   counted (`dropped_blocks`), and the slot is marked for resync, so memory never grows without
 //!   bound and the loss is visible. And at most `quota` blocks per slot, so one worker rank cannot
@@ -38,6 +42,7 @@
 //! unlinking between lock acquisitions.
 
 use super::id_hash::{IdMap, IdSet};
+use super::tier::{SlotTiers, Tier, TierMatch};
 use loadlink_wire::kv_events::KvEvent;
 use smallvec::SmallVec;
 use std::collections::{VecDeque, hash_set};
@@ -68,6 +73,10 @@ pub struct SlotStats {
     /// (dropped at the bound, or announced before this view began): applying them would break
     /// the nesting the lookup relies on.
     pub orphaned_blocks: u64,
+    /// Of `blocks`, those on the device (filled when read).
+    pub device_blocks: u64,
+    /// Of `blocks`, those with a host-tier copy (filled when read).
+    pub host_blocks: u64,
 }
 
 /// A cleared slot's former block set, whose holder entries are still to be unlinked.
@@ -82,6 +91,8 @@ pub struct KvIndex {
     blocks: IdMap<i64, Holders>,
     slots: Vec<SlotStats>,
     held: Vec<BlockSet>,
+    /// Per slot, which held blocks have a host copy and which are off the device.
+    tiers: Vec<SlotTiers>,
     max_blocks: usize,
     quota: usize,
     dropped_blocks: u64,
@@ -98,6 +109,7 @@ impl KvIndex {
             blocks: IdMap::default(),
             slots: Vec::new(),
             held: Vec::new(),
+            tiers: Vec::new(),
             max_blocks,
             quota: usize::MAX,
             dropped_blocks: 0,
@@ -131,7 +143,14 @@ impl KvIndex {
     }
 
     pub fn slot_stats(&self, slot: Slot) -> SlotStats {
-        self.slots.get(slot as usize).copied().unwrap_or_default()
+        let mut st = self.slots.get(slot as usize).copied().unwrap_or_default();
+        let (host, off) = self
+            .tiers
+            .get(slot as usize)
+            .map_or((0, 0), |t| (t.host.len(), t.off_device.len()));
+        st.host_blocks = host as u64;
+        st.device_blocks = st.blocks.saturating_sub(off as u64);
+        st
     }
 
     fn stats_mut(&mut self, slot: Slot) -> &mut SlotStats {
@@ -139,6 +158,7 @@ impl KvIndex {
         if self.slots.len() <= i {
             self.slots.resize(i + 1, SlotStats::default());
             self.held.resize_with(i + 1, BlockSet::default);
+            self.tiers.resize_with(i + 1, SlotTiers::default);
         }
         &mut self.slots[i]
     }
@@ -150,38 +170,55 @@ impl KvIndex {
             KvEvent::Stored(s) => {
                 self.stats_mut(slot).stored_events += 1;
                 if !over {
-                    self.store_chain(slot, s.parent_block_hash, &s.block_hashes);
+                    let tier = Tier::of_medium(s.medium.as_deref());
+                    self.store_chain(slot, tier, s.parent_block_hash, &s.block_hashes);
                 }
             }
             KvEvent::Removed(r) => {
                 self.stats_mut(slot).removed_events += 1;
+                let tier = Tier::of_medium(r.medium.as_deref());
                 for &h in r.block_hashes.iter().take_while(|_| !over) {
-                    self.remove(slot, h);
+                    self.remove(slot, tier, h);
                 }
             }
             KvEvent::AllCleared => self.clear_slot(slot),
         }
     }
 
-    /// Stores the pages of one `BlockStored` for `slot`, each only while its parent is held (see
-    /// the module docs); counts what is skipped.
-    fn store_chain(&mut self, slot: Slot, parent: Option<i64>, hashes: &[i64]) {
+    /// Stores the pages of one `BlockStored` on `tier` for `slot`, each only while its parent is
+    /// held there (see the module docs); counts what is skipped.
+    fn store_chain(&mut self, slot: Slot, tier: Tier, parent: Option<i64>, hashes: &[i64]) {
         let mut parent = parent;
         for (i, &h) in hashes.iter().enumerate() {
-            if parent.is_some_and(|p| !self.held[slot as usize].contains(&p)) {
+            if parent.is_some_and(|p| !self.holds_for_child(slot, tier, p)) {
                 self.stats_mut(slot).orphaned_blocks += (hashes.len() - i) as u64;
                 return;
             }
-            if !self.store(slot, h) {
+            if !self.store(slot, tier, h) {
                 return;
             }
             parent = Some(h);
         }
     }
 
-    /// Stores `hash` for `slot`; false when the slot just went over quota (stop storing).
-    fn store(&mut self, slot: Slot, hash: i64) -> bool {
-        if self.held[slot as usize].contains(&hash) {
+    /// Whether `slot` holds `parent` where a child stored on `tier` needs it: on the device for
+    /// a device store, on any tier for a host store.
+    fn holds_for_child(&self, slot: Slot, tier: Tier, parent: i64) -> bool {
+        let i = slot as usize;
+        self.held[i].contains(&parent)
+            && (tier == Tier::Host || !self.tiers[i].off_device.contains(&parent))
+    }
+
+    /// Stores `hash` on `tier` for `slot`; false when the slot just went over quota (stop
+    /// storing).
+    fn store(&mut self, slot: Slot, tier: Tier, hash: i64) -> bool {
+        let i = slot as usize;
+        if self.held[i].contains(&hash) {
+            let t = &mut self.tiers[i];
+            match tier {
+                Tier::Device => t.off_device.remove(&hash),
+                Tier::Host => t.host.insert(hash),
+            };
             return true;
         }
         if self.held[slot as usize].len() >= self.quota {
@@ -201,15 +238,36 @@ impl KvIndex {
         if let Err(at) = holders.binary_search(&slot) {
             holders.insert(at, slot);
         }
-        self.held[slot as usize].insert(hash);
+        self.held[i].insert(hash);
+        if tier == Tier::Host {
+            self.tiers[i].host.insert(hash);
+            self.tiers[i].off_device.insert(hash);
+        }
         self.stats_mut(slot).blocks += 1;
         true
     }
 
-    fn remove(&mut self, slot: Slot, hash: i64) {
-        if !self.held[slot as usize].remove(&hash) {
+    /// Removes `hash`'s copy on `tier` from `slot`; the block is gone once no tier holds it.
+    fn remove(&mut self, slot: Slot, tier: Tier, hash: i64) {
+        let i = slot as usize;
+        if !self.held[i].contains(&hash) {
             return;
         }
+        let t = &mut self.tiers[i];
+        let gone = match tier {
+            Tier::Device if t.off_device.contains(&hash) => return,
+            Tier::Device if t.host.contains(&hash) => {
+                t.off_device.insert(hash);
+                false
+            }
+            Tier::Device => true,
+            Tier::Host if !t.host.remove(&hash) => return,
+            Tier::Host => t.off_device.remove(&hash),
+        };
+        if !gone {
+            return;
+        }
+        self.held[i].remove(&hash);
         unlink(&mut self.blocks, slot, hash);
         let st = self.stats_mut(slot);
         st.blocks = st.blocks.saturating_sub(1);
@@ -235,11 +293,16 @@ impl KvIndex {
         st.clears += 1;
         st.needs_resync = false;
         let set = std::mem::take(&mut self.held[slot as usize]);
-        if !set.is_empty() {
-            self.detached.push_back(DetachedBlocks {
-                slot,
-                hashes: set.into_iter(),
-            });
+        let tiers = std::mem::take(&mut self.tiers[slot as usize]);
+        // The tier sets only name held blocks: queued with them, their entries are unlinked at
+        // most twice (a no-op the second time) and freed off the lock like the rest.
+        for set in [set, tiers.host, tiers.off_device] {
+            if !set.is_empty() {
+                self.detached.push_back(DetachedBlocks {
+                    slot,
+                    hashes: set.into_iter(),
+                });
+            }
         }
     }
 
@@ -293,9 +356,26 @@ impl KvIndex {
         self.stats_mut(slot).needs_resync = true;
     }
 
-    /// The blocks `slot` holds, in no order (tests compare them with an engine's own cache).
+    /// The blocks `slot` holds on any tier, in no order (tests compare them with an engine's own
+    /// cache).
     pub fn slot_blocks(&self, slot: Slot) -> impl Iterator<Item = i64> + '_ {
         self.held.get(slot as usize).into_iter().flatten().copied()
+    }
+
+    /// The blocks `slot` holds on `tier`, in no order.
+    pub fn slot_blocks_on(&self, slot: Slot, tier: Tier) -> Vec<i64> {
+        let (Some(held), Some(t)) = (self.held.get(slot as usize), self.tiers.get(slot as usize))
+        else {
+            return Vec::new();
+        };
+        match tier {
+            Tier::Device => held
+                .iter()
+                .filter(|h| !t.off_device.contains(h))
+                .copied()
+                .collect(),
+            Tier::Host => t.host.iter().copied().collect(),
+        }
     }
 
     /// The bound on distinct blocks.
@@ -320,6 +400,32 @@ impl KvIndex {
     /// holds, written to `out` (cleared first; its capacity is reused).
     pub fn match_into(&self, chain: &[i64], out: &mut Vec<(Slot, u32)>) {
         out.clear();
+        self.each_match(chain, |slot, held| out.push((slot, held as u32)));
+    }
+
+    /// As [`KvIndex::match_into`], with each slot's depth on the device beside its depth on any
+    /// tier. The device depth costs a second binary search only for slots with blocks off the
+    /// device.
+    pub fn match_tiers_into(&self, chain: &[i64], out: &mut Vec<TierMatch>) {
+        out.clear();
+        self.each_match(chain, |slot, held| {
+            let off = &self.tiers[slot as usize].off_device;
+            let device = if off.is_empty() {
+                held
+            } else {
+                // Device blocks are prefix-closed within the held prefix.
+                chain[..held].partition_point(|h| !off.contains(h))
+            };
+            out.push(TierMatch {
+                slot,
+                held: held as u32,
+                device: device as u32,
+            });
+        });
+    }
+
+    /// Calls `f(slot, leading blocks held)` for each slot holding the first block of `chain`.
+    fn each_match(&self, chain: &[i64], mut f: impl FnMut(Slot, usize)) {
         let depth = self.any_depth(chain);
         let Some(first) = chain.first().filter(|_| depth > 0) else {
             return;
@@ -331,7 +437,7 @@ impl KvIndex {
         for &slot in candidates {
             let held = prefix.partition_point(|&h| self.holds(slot, h));
             if held > 0 {
-                out.push((slot, held as u32));
+                f(slot, held);
             }
         }
     }
@@ -433,6 +539,61 @@ mod tests {
         let mut out = Vec::new();
         ix.match_into(&[7, 8, 9, 10, 11], &mut out);
         assert_eq!(out, vec![(1, 2)], "nothing below the dropped block");
+    }
+
+    fn on(medium: &str, parent: Option<i64>, hashes: &[i64]) -> KvEvent {
+        KvEvent::Stored(BlockStored {
+            parent_block_hash: parent,
+            block_hashes: hashes.to_vec(),
+            medium: Some(medium.into()),
+            ..Default::default()
+        })
+    }
+
+    fn off(medium: &str, hashes: &[i64]) -> KvEvent {
+        KvEvent::Removed(BlockRemoved {
+            block_hashes: hashes.to_vec(),
+            medium: Some(medium.into()),
+        })
+    }
+
+    #[test]
+    fn demoted_blocks_match_on_the_host_tier_until_loaded_back_or_evicted() {
+        let mut ix = KvIndex::new(1000);
+        ix.apply(0, &stored(&[1, 2, 3, 4]));
+        // HiCache demotes the device leaves 4 then 3: host copy first, then the device removal.
+        for h in [4, 3] {
+            ix.apply(0, &on("CPU_PINNED", Some(h - 1), &[h]));
+            ix.apply(0, &off("GPU", &[h]));
+        }
+        let mut out = Vec::new();
+        ix.match_tiers_into(&[1, 2, 3, 4, 5], &mut out);
+        let m = |held, device| TierMatch {
+            slot: 0,
+            held,
+            device,
+        };
+        assert_eq!(out, vec![m(4, 2)], "4 blocks on any tier, 2 on the device");
+        let st = ix.slot_stats(0);
+        assert_eq!((st.blocks, st.device_blocks, st.host_blocks), (4, 2, 2));
+        // A device store below a host-only parent is refused: device blocks stay nested.
+        ix.apply(0, &on("GPU", Some(4), &[5]));
+        assert_eq!(ix.slot_stats(0).orphaned_blocks, 1);
+        // Load-back of 3 (its host copy stays), then the host copy of 4 is evicted.
+        ix.apply(0, &on("GPU", Some(2), &[3]));
+        ix.apply(0, &off("CPU_PINNED", &[4]));
+        ix.match_tiers_into(&[1, 2, 3, 4], &mut out);
+        assert_eq!(out, vec![m(3, 3)]);
+        assert_eq!(ix.slot_blocks_on(0, Tier::Host), vec![3]);
+        // DISK counts as the host tier; a device removal of a block with a host copy keeps it.
+        ix.apply(0, &on("DISK", Some(3), &[6]));
+        ix.apply(0, &off("GPU", &[3]));
+        ix.match_tiers_into(&[1, 2, 3, 6], &mut out);
+        assert_eq!(out, vec![m(4, 2)]);
+        ix.apply(0, &KvEvent::AllCleared);
+        let st = ix.slot_stats(0);
+        assert_eq!((st.blocks, st.host_blocks, st.clears), (0, 0, 1));
+        assert!(ix.is_empty());
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod lookup;
 mod report;
 pub mod request;
 pub mod stream;
+pub mod tier;
 pub mod tokenizer;
 
 pub use approx::{ApproxStats, ApproxTree};
@@ -37,4 +38,5 @@ pub use index::{KvIndex, Slot, SlotStats};
 pub use lookup::{Lookup, PrefixSettings, PrefixSource};
 pub use request::PromptChain;
 pub use stream::{CacheCounters, EVENT_TYPES, ResyncReason, StreamStats};
+pub use tier::{Tier, TierMatch};
 pub use tokenizer::RouterTokenizer;
