@@ -377,6 +377,11 @@ impl World {
             .map(|s| self.check_slot(s))
             .collect::<Result<Vec<_>, _>>()?;
         prop_assert!(self.ix.len() <= self.ix.max_blocks());
+        let off: usize = views
+            .iter()
+            .map(|v| v.host.difference(&v.device).count())
+            .sum();
+        prop_assert_eq!(self.ix.off_device_blocks(), off, "blocks off the device");
         let (mut got, mut plain) = (Vec::new(), Vec::new());
         for node in 0..NODES {
             let mut chain = self.forest.chain(node);

@@ -93,6 +93,9 @@ pub struct KvIndex {
     held: Vec<BlockSet>,
     /// Per slot, which held blocks have a host copy and which are off the device.
     tiers: Vec<SlotTiers>,
+    /// Held blocks off the device, over all slots: 0 in a fleet without a host tier, which then
+    /// skips the device pass of a lookup.
+    off_device: usize,
     max_blocks: usize,
     quota: usize,
     dropped_blocks: u64,
@@ -110,6 +113,7 @@ impl KvIndex {
             slots: Vec::new(),
             held: Vec::new(),
             tiers: Vec::new(),
+            off_device: 0,
             max_blocks,
             quota: usize::MAX,
             dropped_blocks: 0,
@@ -216,9 +220,12 @@ impl KvIndex {
         if self.held[i].contains(&hash) {
             let t = &mut self.tiers[i];
             match tier {
-                Tier::Device => t.off_device.remove(&hash),
-                Tier::Host => t.host.insert(hash),
-            };
+                Tier::Device if t.off_device.remove(&hash) => self.off_device -= 1,
+                Tier::Device => {}
+                Tier::Host => {
+                    t.host.insert(hash);
+                }
+            }
             return true;
         }
         if self.held[slot as usize].len() >= self.quota {
@@ -242,6 +249,7 @@ impl KvIndex {
         if tier == Tier::Host {
             self.tiers[i].host.insert(hash);
             self.tiers[i].off_device.insert(hash);
+            self.off_device += 1;
         }
         self.stats_mut(slot).blocks += 1;
         true
@@ -258,7 +266,8 @@ impl KvIndex {
             Tier::Device if t.off_device.contains(&hash) => return,
             Tier::Device if t.host.contains(&hash) => {
                 t.off_device.insert(hash);
-                false
+                self.off_device += 1;
+                return;
             }
             Tier::Device => true,
             Tier::Host if !t.host.remove(&hash) => return,
@@ -266,6 +275,9 @@ impl KvIndex {
         };
         if !gone {
             return;
+        }
+        if tier == Tier::Host {
+            self.off_device -= 1;
         }
         self.held[i].remove(&hash);
         unlink(&mut self.blocks, slot, hash);
@@ -294,6 +306,7 @@ impl KvIndex {
         st.needs_resync = false;
         let set = std::mem::take(&mut self.held[slot as usize]);
         let tiers = std::mem::take(&mut self.tiers[slot as usize]);
+        self.off_device -= tiers.off_device.len();
         // The tier sets only name held blocks: queued with them, their entries are unlinked at
         // most twice (a no-op the second time) and freed off the lock like the rest.
         for set in [set, tiers.host, tiers.off_device] {
@@ -376,6 +389,24 @@ impl KvIndex {
                 .collect(),
             Tier::Host => t.host.iter().copied().collect(),
         }
+    }
+
+    /// Blocks held on `tier`, summed over the slots (a block held by two slots counts twice).
+    pub fn tier_blocks(&self, tier: Tier) -> u64 {
+        (0..self.slots.len() as Slot)
+            .map(|s| {
+                let st = self.slot_stats(s);
+                match tier {
+                    Tier::Device => st.device_blocks,
+                    Tier::Host => st.host_blocks,
+                }
+            })
+            .sum()
+    }
+
+    /// Held blocks on a host tier only, over all slots.
+    pub fn off_device_blocks(&self) -> usize {
+        self.off_device
     }
 
     /// The bound on distinct blocks.

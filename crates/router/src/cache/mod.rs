@@ -29,6 +29,7 @@ mod report;
 pub mod request;
 pub mod stream;
 pub mod tier;
+mod tier_lookup;
 pub mod tokenizer;
 
 pub use approx::{ApproxStats, ApproxTree};
