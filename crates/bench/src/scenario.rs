@@ -301,6 +301,8 @@ pub const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
     kv_pressure_from: 0.9,
     tie_rel: 0.05,
     tie_abs_s: 0.002,
+    tier_pricing: loadlink_router::policy::TierPricing::Aware,
+    host_load_tokens_per_s: loadlink_router::policy::DEFAULT_HOST_LOAD_TOKENS_PER_S,
 });
 
 /// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight

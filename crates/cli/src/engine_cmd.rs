@@ -75,6 +75,13 @@ pub struct EngineArgs {
     /// Step time: cost per KV token in the batch (µs).
     #[arg(long, default_value_t = Timing::default().per_kv_token_us)]
     step_per_kv_token_us: f64,
+    /// Host KV tier (SGLang HiCache's host pool), in tokens: evicted pages are demoted there and
+    /// loaded back instead of recomputed. 0: off.
+    #[arg(long, default_value_t = 0)]
+    hicache_size: u64,
+    /// Host-to-device load bandwidth of the host tier, tokens/s (advertised in /server_info).
+    #[arg(long, default_value_t = loadlink_engine::host_tier::DEFAULT_LOAD_TOKENS_PER_S)]
+    hicache_load_rate: f64,
     /// Largest accepted request body (bytes); larger bodies get 413.
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -121,6 +128,12 @@ pub fn run(a: EngineArgs) -> Result<()> {
             a.new_token_ratio
         );
     }
+    if !a.hicache_load_rate.is_finite() || a.hicache_load_rate <= 0.0 {
+        anyhow::bail!(
+            "--hicache-load-rate must be a positive number of tokens per second, got {}",
+            a.hicache_load_rate
+        );
+    }
     let cfg = EngineConfig {
         host: a.host,
         port: a.port,
@@ -136,6 +149,10 @@ pub fn run(a: EngineArgs) -> Result<()> {
                 per_prefill_token_us: a.step_per_prefill_token_us,
                 per_batch_req_us: a.step_per_batch_req_us,
                 per_kv_token_us: a.step_per_kv_token_us,
+            },
+            host_tier: loadlink_engine::host_tier::HostTierConfig {
+                tokens: a.hicache_size,
+                load_tokens_per_s: a.hicache_load_rate,
             },
         },
         time_scale: a.time_scale,

@@ -8,11 +8,15 @@ use loadlink_router::admission::{AdmissionConfig, Overload};
 use loadlink_router::cache::PrefixSource;
 use loadlink_router::candidate::RankField;
 use loadlink_router::config::{DEFAULT_ADMISSION_QUEUE_SIZE, DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS};
-use loadlink_router::policy::{CacheAware, Policy};
+use loadlink_router::policy::{CacheAware, MinTtft, Policy, TierPricing};
 use serde::{Deserialize, Serialize};
 
 fn prefix_source_name(s: &str) -> Result<String, String> {
     PrefixSource::parse(s).map(|_| s.to_string())
+}
+
+fn tier_pricing_name(s: &str) -> Result<String, String> {
+    TierPricing::parse(s).map(|_| s.to_string())
 }
 
 fn rank_field_name(s: &str) -> Result<String, String> {
@@ -59,6 +63,18 @@ pub struct CacheArgs {
     /// … and max exceeds this × min (default 1.5); then the least-loaded worker is picked.
     #[arg(long, default_value_t = CacheAware::default().balance_rel_threshold)]
     balance_rel_threshold: f64,
+    /// min_ttft: how a hit held on an engine's host tier only (HiCache CPU_PINNED, DISK) is
+    /// priced: aware (at its load-back time) or blind (free, as a device hit).
+    #[arg(
+        long,
+        default_value_t = MinTtft::default().tier_pricing.as_str().to_string(),
+        value_parser = tier_pricing_name
+    )]
+    tier_pricing: String,
+    /// min_ttft: host-to-device KV load bandwidth (tokens/s) assumed for a worker that does not
+    /// advertise its own.
+    #[arg(long, default_value_t = MinTtft::default().host_load_tokens_per_s)]
+    host_load_tokens_per_s: f64,
 }
 
 #[derive(Args, Serialize, Deserialize)]
@@ -104,6 +120,16 @@ impl CacheArgs {
                 )
                 .map_err(|e| anyhow::anyhow!("--cache-threshold/--balance-*: {e}"))?,
             );
+        }
+        let tier_pricing = TierPricing::parse(&self.tier_pricing).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            self.host_load_tokens_per_s.is_finite() && self.host_load_tokens_per_s > 0.0,
+            "--host-load-tokens-per-s must be a positive number of tokens per second, got {}",
+            self.host_load_tokens_per_s
+        );
+        if let Policy::MinTtft(p) = &mut cfg.policy {
+            p.tier_pricing = tier_pricing;
+            p.host_load_tokens_per_s = self.host_load_tokens_per_s;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ pub mod api;
 pub mod cycle;
 mod dispatch;
 pub mod flavor;
+pub mod host_tier;
 pub mod http;
 mod metrics;
 pub mod model;

@@ -13,10 +13,16 @@
 //!   announced in one `BlockStored` whose hashes chain parent → child.
 //! * **Evict.** When the pool needs room, unlocked leaves go, least recently used first, each one
 //!   announced in a `BlockRemoved`; a parent whose last child went becomes a leaf in turn.
+//! * **Host tier** (`--hicache-size`, [`crate::host_tier`]): an evicted page is demoted to the
+//!   host pool first (its `BlockStored(CPU_PINNED)` precedes its device `BlockRemoved`). A request
+//!   whose prefix continues on the host has those pages loaded back before it is admitted
+//!   ([`PrefixCache::load_back`], a device `BlockStored` under the device parent), and pays the
+//!   copy time in its prefill instead of recomputing them.
 //!
 //! Pure: no clock (recency is a counter), no I/O. The owner drains [`PrefixCache::take_events`].
 
 use loadlink_publish::CutPage;
+use crate::host_tier::{HOST_MEDIUM, HostTier};
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, block_hash, page_digest};
 use std::collections::{BTreeSet, HashMap};
 
@@ -75,6 +81,10 @@ pub struct CacheStats {
     pub evictable_tokens: u64,
     pub pages_stored: u64,
     pub pages_removed: u64,
+    /// Tokens of the host tier's pages (0 without one).
+    pub host_tokens: u64,
+    /// Tokens loaded back from the host tier since start.
+    pub loaded_back_tokens: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +101,9 @@ pub struct PrefixCache {
     events: Vec<KvEvent>,
     /// Whether events are recorded (off when nobody publishes them).
     record: bool,
+    /// Where evicted pages are demoted to, when the engine has a host tier.
+    host: Option<HostTier>,
+    loaded_back_pages: u64,
 }
 
 impl PrefixCache {
@@ -105,7 +118,15 @@ impl PrefixCache {
             pages_removed: 0,
             events: Vec::new(),
             record: record_events,
+            host: None,
+            loaded_back_pages: 0,
         }
+    }
+
+    /// The cache with a host tier of `tokens` tokens (none when that is less than a page).
+    pub fn with_host_tier(mut self, tokens: u64) -> Self {
+        self.host = HostTier::new(tokens, self.page_size);
+        self
     }
 
     pub fn page_size(&self) -> usize {
@@ -119,6 +140,8 @@ impl PrefixCache {
             evictable_tokens: self.unlocked_pages * p,
             pages_stored: self.pages_stored,
             pages_removed: self.pages_removed,
+            host_tokens: self.host.as_ref().map_or(0, |h| h.len() as u64) * p,
+            loaded_back_tokens: self.loaded_back_pages * p,
         }
     }
 
@@ -225,22 +248,7 @@ impl PrefixCache {
             if self.nodes.contains_key(&h) {
                 self.touch(h);
             } else {
-                if let Some(ph) = parent {
-                    self.adopt_child(ph);
-                }
-                self.tick += 1;
-                self.nodes.insert(
-                    h,
-                    Node {
-                        parent,
-                        tokens: page.into(),
-                        children: 0,
-                        lock: 0,
-                        last_access: self.tick,
-                    },
-                );
-                self.set_evictable((self.tick, h), false, true);
-                self.unlocked_pages += 1;
+                self.add_node(h, parent, page);
                 if stored.block_hashes.is_empty() {
                     stored.parent_block_hash = parent;
                 } else if stored.block_hashes.last() != parent.as_ref() {
@@ -256,6 +264,108 @@ impl PrefixCache {
         self.flush_stored(&mut stored);
         self.pages_stored += new_pages;
         new_pages * p as u64
+    }
+
+    /// A new unlocked leaf `h` under `parent` (which must be cached, or `None`).
+    fn add_node(&mut self, h: i64, parent: Option<i64>, page: &[u32]) {
+        if let Some(ph) = parent {
+            self.adopt_child(ph);
+        }
+        self.tick += 1;
+        self.nodes.insert(
+            h,
+            Node {
+                parent,
+                tokens: page.into(),
+                children: 0,
+                lock: 0,
+                last_access: self.tick,
+            },
+        );
+        self.set_evictable((self.tick, h), false, true);
+        self.unlocked_pages += 1;
+    }
+
+    /// Tokens of `chain` held on the host tier right after its cached (device) prefix: what
+    /// [`PrefixCache::load_back`] would bring back. Marks them used.
+    pub fn host_continuation(&mut self, chain: &PageChain) -> u64 {
+        let from = self.matched_pages(chain);
+        let Some(host) = self.host.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        for &h in &chain.hashes[from..] {
+            if !host.contains(h) {
+                break;
+            }
+            host.touch(h);
+            n += 1;
+        }
+        n * self.page_size as u64
+    }
+
+    /// Copies the host pages continuing `chain`'s cached prefix back to the device, at most
+    /// `max_tokens` of them (the room the pool has), announced as one device `BlockStored` under
+    /// the device parent; their host copies stay. Returns the tokens loaded.
+    pub fn load_back(&mut self, chain: &PageChain, max_tokens: u64) -> u64 {
+        let from = self.matched_pages(chain);
+        let Some(host) = self.host.take() else {
+            return 0;
+        };
+        let max_pages = (max_tokens / self.page_size as u64) as usize;
+        let mut parent = from.checked_sub(1).map(|i| chain.hashes[i]);
+        let mut stored = BlockStored {
+            block_size: self.page_size as i64,
+            parent_block_hash: parent,
+            medium: Some("GPU".into()),
+            ..Default::default()
+        };
+        for &h in chain.hashes[from..].iter().take(max_pages) {
+            let Some(page) = host.tokens(h) else {
+                break;
+            };
+            self.add_node(h, parent, page);
+            stored.block_hashes.push(h);
+            stored.token_ids.extend(page.iter().map(|&t| i64::from(t)));
+            parent = Some(h);
+        }
+        self.host = Some(host);
+        let n = stored.block_hashes.len() as u64;
+        self.pages_stored += n;
+        self.loaded_back_pages += n;
+        self.flush_stored(&mut stored);
+        n * self.page_size as u64
+    }
+
+    /// Keeps a host copy of the device page `h` about to be evicted, announcing the host
+    /// evictions that made room and then the copy (before the page's device removal).
+    fn demote(&mut self, h: i64, n: &Node) {
+        let Some(host) = self.host.as_mut() else {
+            return;
+        };
+        let nodes = &self.nodes;
+        let mut evicted = Vec::new();
+        let on_device = |x: i64| nodes.contains_key(&x);
+        let stored = host.store(h, n.parent, &n.tokens, on_device, &mut evicted);
+        if !self.record {
+            return;
+        }
+        if !evicted.is_empty() {
+            self.events.push(KvEvent::Removed(BlockRemoved {
+                block_hashes: evicted,
+                medium: Some(HOST_MEDIUM.into()),
+            }));
+        }
+        if stored {
+            self.events.push(KvEvent::Stored(BlockStored {
+                block_hashes: vec![h],
+                parent_block_hash: n.parent,
+                token_ids: n.tokens.iter().map(|&t| i64::from(t)).collect(),
+                block_size: self.page_size as i64,
+                medium: Some(HOST_MEDIUM.into()),
+                ..Default::default()
+            }));
+        }
     }
 
     /// `parent` gains a child: it stops being a leaf.
@@ -286,6 +396,12 @@ impl PrefixCache {
     /// Evicts unlocked leaves, least recently used first, until `tokens` are freed or nothing
     /// evictable is left; returns the tokens freed.
     pub fn evict(&mut self, tokens: u64) -> u64 {
+        self.evict_to(tokens, true)
+    }
+
+    /// [`PrefixCache::evict`], demoting each page to the host tier when `demote` (and there is
+    /// one).
+    fn evict_to(&mut self, tokens: u64, demote: bool) -> u64 {
         let mut freed = 0u64;
         let mut removed = Vec::new();
         while freed < tokens {
@@ -295,6 +411,9 @@ impl PrefixCache {
             let Some(n) = self.nodes.remove(&h) else {
                 continue;
             };
+            if demote {
+                self.demote(h, &n);
+            }
             self.unlocked_pages -= 1;
             removed.push(h);
             freed += self.page_size as u64;
@@ -320,7 +439,14 @@ impl PrefixCache {
     /// Drops every unlocked page; locked ones stay (they are in use). Announced as
     /// `AllBlocksCleared` when the cache ends up empty, else as the pages removed.
     pub fn flush(&mut self) {
-        self.evict(u64::MAX);
+        self.evict_to(u64::MAX, false);
+        let host_gone = self.host.as_mut().map(HostTier::clear).unwrap_or_default();
+        if !host_gone.is_empty() && self.record {
+            self.events.push(KvEvent::Removed(BlockRemoved {
+                block_hashes: host_gone,
+                medium: Some(HOST_MEDIUM.into()),
+            }));
+        }
         if self.nodes.is_empty() && self.record {
             self.events.retain(|e| !matches!(e, KvEvent::Removed(_)));
             self.events.push(KvEvent::AllCleared);
@@ -332,9 +458,26 @@ impl PrefixCache {
         std::mem::take(&mut self.events)
     }
 
-    /// Every cached page's hash, in no order (the `/cache_blocks` debug route).
+    /// Every cached page's hash on any tier, in no order (the `/cache_blocks` debug route).
     pub fn block_hashes(&self) -> impl Iterator<Item = i64> + '_ {
+        let host_only = self.host.iter().flat_map(|h| h.hashes());
+        let host_only = host_only.filter(|h| !self.nodes.contains_key(h));
+        self.nodes.keys().copied().chain(host_only)
+    }
+
+    /// The device pages' hashes, in no order.
+    pub fn device_hashes(&self) -> impl Iterator<Item = i64> + '_ {
         self.nodes.keys().copied()
+    }
+
+    /// The host-tier copies' hashes (pages may be on the device too), in no order.
+    pub fn host_hashes(&self) -> impl Iterator<Item = i64> + '_ {
+        self.host.iter().flat_map(|h| h.hashes())
+    }
+
+    /// Whether `hash` has a host-tier copy.
+    pub fn on_host(&self, hash: i64) -> bool {
+        self.host.as_ref().is_some_and(|h| h.contains(hash))
     }
 
     /// Whether `hash` is cached (tests, and the model's own consistency checks).

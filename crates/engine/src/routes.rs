@@ -187,6 +187,9 @@ pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
         "max_total_num_tokens": c.model.max_total_tokens,
         "chunked_prefill_size": c.model.chunked_prefill_size,
         "page_size": c.model.page_size,
+        // The host KV tier a router prices a host-tier hit by (tokens; 0: none).
+        "hicache_size_tokens": c.model.host_tier.tokens,
+        "hicache_load_tokens_per_s": c.model.host_tier.load_tokens_per_s,
         "kv_events_config": c.kv_events_config,
         "load_publish_endpoint": c.load_publish_endpoint,
         "load_wire": match c.generation { Generation::Snapshot => "snapshot", Generation::LoadStat => "loadstat" },

@@ -26,6 +26,8 @@ pub struct FleetView<'a> {
     pub prompt_tokens: u64,
     /// Per candidate (same order), the request's tokens cached there; empty: unknown.
     pub cached: &'a [u64],
+    /// Per candidate, the part of `cached` on a host tier only; empty: none.
+    pub host_cached: &'a [u64],
     /// Per candidate, the tokens the router believes cached there in all; empty: unknown.
     pub cache_sizes: &'a [u64],
 }
@@ -43,6 +45,7 @@ impl<'a> FleetView<'a> {
             now_ms,
             prompt_tokens: 0,
             cached: &[],
+            host_cached: &[],
             cache_sizes: &[],
         }
     }
@@ -84,6 +87,12 @@ impl<'a> FleetView<'a> {
     pub fn with_prefix(mut self, prompt_tokens: u64, cached: &'a [u64]) -> Self {
         self.prompt_tokens = prompt_tokens;
         self.cached = cached;
+        self
+    }
+
+    /// The view with the part of each candidate's cached prefix held on a host tier only.
+    pub fn with_host_cached(mut self, host_cached: &'a [u64]) -> Self {
+        self.host_cached = host_cached;
         self
     }
 
@@ -141,6 +150,10 @@ impl View for FleetView<'_> {
     }
     fn cache_size(&self, i: usize) -> u64 {
         self.cache_sizes.get(i).copied().unwrap_or(0)
+    }
+    #[inline]
+    fn host_cached_tokens(&self, i: usize) -> u64 {
+        self.host_cached.get(i).copied().unwrap_or(0)
     }
     #[inline]
     fn queued_prefill_s(&self, i: usize) -> Option<f64> {

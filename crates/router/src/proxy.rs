@@ -266,6 +266,7 @@ pub async fn forward(
     if let Some(l) = &lookup {
         view = view
             .with_prefix(l.prompt.prompt_tokens, &l.cached)
+            .with_host_cached(&l.host_cached)
             .with_cache_sizes(&l.sizes);
     }
     let first = admission::admit(&st, &mut view, budget, |v| {

@@ -12,8 +12,12 @@
 //!   cached prefix skips prefill, its path is locked while it runs, a finished request inserts its
 //!   prompt and output, and the pool evicts unlocked least-recently-used pages before it retracts
 //!   anyone (`pool.rs`). Requests given only as token counts never match and are never cached;
-//! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch`, where prefill
-//!   tokens are the uncached ones.
+//! * a **host tier** when `host_tier.tokens > 0` (SGLang's HiCache, [`crate::host_tier`]):
+//!   evicted pages are demoted to a host pool; a request whose prefix continues there has those
+//!   pages loaded back at admission, and its prefill step pays `loaded / load_tokens_per_s`
+//!   instead of computing them;
+//! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch` (+ load-back
+//!   time), where prefill tokens are the uncached ones.
 //!
 //! No I/O and no clock: [`Scheduler::step`] takes `now` (seconds) and returns how long the step
 //! takes and what happened, so the engine drives it in real time and benchmarks in virtual time.
@@ -21,6 +25,7 @@
 mod pool;
 mod snapshot;
 
+use crate::host_tier::HostTierConfig;
 use crate::radix::{CacheStats, PageChain, PathLock, PrefixCache};
 use loadlink_wire::kv_events::KvEvent;
 use std::collections::VecDeque;
@@ -61,6 +66,8 @@ pub struct ModelConfig {
     /// Tokens per KV page: the prefix cache's unit, and the KV-event block size.
     pub page_size: usize,
     pub timing: Timing,
+    /// The host tier (off by default).
+    pub host_tier: HostTierConfig,
 }
 
 impl Default for ModelConfig {
@@ -72,6 +79,7 @@ impl Default for ModelConfig {
             new_token_ratio: 0.5,
             page_size: DEFAULT_PAGE_SIZE,
             timing: Timing::default(),
+            host_tier: HostTierConfig::default(),
         }
     }
 }
@@ -157,6 +165,9 @@ struct Req {
     /// The locked cached prefix while admitted (0 while waiting).
     shared: u64,
     lock: PathLock,
+    /// Tokens of `shared` loaded back from the host tier at admission, whose copy time the next
+    /// prefill step of this request pays.
+    loaded: u64,
 }
 
 impl Req {
@@ -224,7 +235,8 @@ impl Scheduler {
             stats: Stats::default(),
             retractions: 0,
             now: 0.0,
-            cache: PrefixCache::new(cfg.page_size, record_events),
+            cache: PrefixCache::new(cfg.page_size, record_events)
+                .with_host_tier(cfg.host_tier.tokens),
         }
     }
 
@@ -238,6 +250,15 @@ impl Scheduler {
         let mut v: Vec<i64> = self.cache.block_hashes().collect();
         v.sort_unstable();
         v
+    }
+
+    /// The cached pages per tier, each sorted: (on the device, with a host copy).
+    pub fn tier_blocks(&self) -> (Vec<i64>, Vec<i64>) {
+        let mut device: Vec<i64> = self.cache.device_hashes().collect();
+        let mut host: Vec<i64> = self.cache.host_hashes().collect();
+        device.sort_unstable();
+        host.sort_unstable();
+        (device, host)
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -274,6 +295,7 @@ impl Scheduler {
             queued_hit,
             shared: 0,
             lock: PathLock::default(),
+            loaded: 0,
         });
     }
 
@@ -351,7 +373,9 @@ impl Scheduler {
         let mut tokens = 0u64;
         // Own KV of the requests taken out of the queues for this step (not counted by the pool).
         let mut held = 0u64;
+        let mut loaded = 0u64;
         while let Some(mut req) = self.next_prefill(batch.len(), tokens) {
+            loaded += std::mem::take(&mut req.loaded);
             let n = budget.min(req.prefill_target() - req.prefilled);
             self.make_room(held + req.private_kv() + n);
             req.prefilled += n;
@@ -375,7 +399,8 @@ impl Scheduler {
         let duration_us = t.base_us
             + t.per_prefill_token_us * tokens as f64
             + t.per_batch_req_us * n_reqs as f64
-            + t.per_kv_token_us * tokens as f64;
+            + t.per_kv_token_us * tokens as f64
+            + self.load_back_us(loaded);
         let duration = duration_us / 1e6;
         self.stats.total_prefill_tokens += tokens;
         self.stats.total_prefill_busy_us += duration_us as u64;
@@ -455,6 +480,14 @@ impl Scheduler {
         }
     }
 
+    /// Microseconds to copy `tokens` back from the host tier.
+    fn load_back_us(&self, tokens: u64) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        tokens as f64 * 1e6 / self.cfg.host_tier.load_tokens_per_s.max(1.0)
+    }
+
     fn record(&mut self, duration: f64, tokens: u64) {
         let end = self.now + duration;
         self.stats.window.push_back((end, tokens, duration));
@@ -471,5 +504,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod cache_tests;
+#[cfg(test)]
+mod host_tier_tests;
 #[cfg(test)]
 mod tests;

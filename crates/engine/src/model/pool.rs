@@ -55,9 +55,9 @@ impl Scheduler {
             return false;
         }
         // Lock first, so the room made for this request can never be its own prefix.
-        let (lock, hit) = match req.tokens {
-            Some(_) => self.cache.lock(&req.chain),
-            None => (PathLock::default(), 0),
+        let (lock, hit, loaded) = match req.tokens {
+            Some(_) => self.lock_loading_back(req),
+            None => (PathLock::default(), 0, 0),
         };
         let need = req.prefill_target() - hit + self.reservation(req);
         let fits = self.used_tokens() + self.reserved_tokens() + extra_tokens + need
@@ -70,10 +70,28 @@ impl Scheduler {
             return false;
         }
         (req.lock, req.shared, req.prefilled) = (lock, hit, hit);
+        req.loaded = loaded;
         if !req.retracted {
             self.record_hit(hit, req.prompt);
         }
         true
+    }
+
+    /// Locks `req`'s cached prefix after loading back what of it continues on the host tier (as
+    /// much as the pool has room for): (lock, cached tokens, of them loaded back).
+    fn lock_loading_back(&mut self, req: &Req) -> (PathLock, u64, u64) {
+        let (lock, hit) = self.cache.lock(&req.chain);
+        let host = self.cache.host_continuation(&req.chain);
+        if host == 0 {
+            return (lock, hit, 0);
+        }
+        self.make_room(host);
+        let loaded = self
+            .cache
+            .load_back(&req.chain, self.free_tokens().min(host));
+        self.cache.unlock(lock);
+        let (lock, hit) = self.cache.lock(&req.chain);
+        (lock, hit, loaded)
     }
 
     fn record_hit(&mut self, hit: u64, prompt: u64) {

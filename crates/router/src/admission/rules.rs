@@ -108,6 +108,12 @@ impl<V: View> View for Capped<'_, V> {
     fn cached_tokens(&self, i: usize) -> u64 {
         self.inner.cached_tokens(i)
     }
+    fn host_cached_tokens(&self, i: usize) -> u64 {
+        self.inner.host_cached_tokens(i)
+    }
+    fn host_load_s_per_token(&self, i: usize) -> Option<f64> {
+        self.inner.host_load_s_per_token(i)
+    }
     fn cache_size(&self, i: usize) -> u64 {
         self.inner.cache_size(i)
     }

@@ -27,6 +27,10 @@
 //!   ([`KvIndex::unlink_step`]), so the caller can release its lock between steps instead of
 //!   holding it for O(blocks) work while every request's lookup waits. Until then a stale holder
 //!   entry only costs a probe: every depth is checked against the slot's own set.
+//! * **Tiers** ([`super::tier`]): a slot holds a block on the device, the host or both; the
+//!   lookup answers each slot's depth on any tier and on the device
+//!   ([`KvIndex::match_tiers_into`]). A device store needs its parent on the device, a host store
+//!   its parent on any tier, which keeps both views nested.
 //! * **Bounds.** At most `max_blocks` distinct blocks; a `BlockStored` past that is dropped and
 //!   counted (`dropped_blocks`), and the slot is marked for resync, so memory never grows without
 //!   bound and the loss is visible. And at most `quota` blocks per slot, so one worker rank cannot
@@ -38,6 +42,7 @@
 //! unlinking between lock acquisitions.
 
 use super::id_hash::{IdMap, IdSet};
+use super::tier::{SlotTiers, Tier, TierMatch};
 use loadlink_wire::kv_events::KvEvent;
 use smallvec::SmallVec;
 use std::collections::{VecDeque, hash_set};
@@ -68,6 +73,10 @@ pub struct SlotStats {
     /// (dropped at the bound, or announced before this view began): applying them would break
     /// the nesting the lookup relies on.
     pub orphaned_blocks: u64,
+    /// Of `blocks`, those on the device (filled when read).
+    pub device_blocks: u64,
+    /// Of `blocks`, those with a host-tier copy (filled when read).
+    pub host_blocks: u64,
 }
 
 /// A cleared slot's former block set, whose holder entries are still to be unlinked.
@@ -82,6 +91,11 @@ pub struct KvIndex {
     blocks: IdMap<i64, Holders>,
     slots: Vec<SlotStats>,
     held: Vec<BlockSet>,
+    /// Per slot, which held blocks have a host copy and which are off the device.
+    tiers: Vec<SlotTiers>,
+    /// Held blocks off the device, over all slots: 0 in a fleet without a host tier, which then
+    /// skips the device pass of a lookup.
+    off_device: usize,
     max_blocks: usize,
     quota: usize,
     dropped_blocks: u64,
@@ -98,6 +112,8 @@ impl KvIndex {
             blocks: IdMap::default(),
             slots: Vec::new(),
             held: Vec::new(),
+            tiers: Vec::new(),
+            off_device: 0,
             max_blocks,
             quota: usize::MAX,
             dropped_blocks: 0,
@@ -131,7 +147,14 @@ impl KvIndex {
     }
 
     pub fn slot_stats(&self, slot: Slot) -> SlotStats {
-        self.slots.get(slot as usize).copied().unwrap_or_default()
+        let mut st = self.slots.get(slot as usize).copied().unwrap_or_default();
+        let (host, off) = self
+            .tiers
+            .get(slot as usize)
+            .map_or((0, 0), |t| (t.host.len(), t.off_device.len()));
+        st.host_blocks = host as u64;
+        st.device_blocks = st.blocks.saturating_sub(off as u64);
+        st
     }
 
     fn stats_mut(&mut self, slot: Slot) -> &mut SlotStats {
@@ -139,6 +162,7 @@ impl KvIndex {
         if self.slots.len() <= i {
             self.slots.resize(i + 1, SlotStats::default());
             self.held.resize_with(i + 1, BlockSet::default);
+            self.tiers.resize_with(i + 1, SlotTiers::default);
         }
         &mut self.slots[i]
     }
@@ -150,38 +174,58 @@ impl KvIndex {
             KvEvent::Stored(s) => {
                 self.stats_mut(slot).stored_events += 1;
                 if !over {
-                    self.store_chain(slot, s.parent_block_hash, &s.block_hashes);
+                    let tier = Tier::of_medium(s.medium.as_deref());
+                    self.store_chain(slot, tier, s.parent_block_hash, &s.block_hashes);
                 }
             }
             KvEvent::Removed(r) => {
                 self.stats_mut(slot).removed_events += 1;
+                let tier = Tier::of_medium(r.medium.as_deref());
                 for &h in r.block_hashes.iter().take_while(|_| !over) {
-                    self.remove(slot, h);
+                    self.remove(slot, tier, h);
                 }
             }
             KvEvent::AllCleared => self.clear_slot(slot),
         }
     }
 
-    /// Stores the pages of one `BlockStored` for `slot`, each only while its parent is held (see
-    /// the module docs); counts what is skipped.
-    fn store_chain(&mut self, slot: Slot, parent: Option<i64>, hashes: &[i64]) {
+    /// Stores the pages of one `BlockStored` on `tier` for `slot`, each only while its parent is
+    /// held there (see the module docs); counts what is skipped.
+    fn store_chain(&mut self, slot: Slot, tier: Tier, parent: Option<i64>, hashes: &[i64]) {
         let mut parent = parent;
         for (i, &h) in hashes.iter().enumerate() {
-            if parent.is_some_and(|p| !self.held[slot as usize].contains(&p)) {
+            if parent.is_some_and(|p| !self.holds_for_child(slot, tier, p)) {
                 self.stats_mut(slot).orphaned_blocks += (hashes.len() - i) as u64;
                 return;
             }
-            if !self.store(slot, h) {
+            if !self.store(slot, tier, h) {
                 return;
             }
             parent = Some(h);
         }
     }
 
-    /// Stores `hash` for `slot`; false when the slot just went over quota (stop storing).
-    fn store(&mut self, slot: Slot, hash: i64) -> bool {
-        if self.held[slot as usize].contains(&hash) {
+    /// Whether `slot` holds `parent` where a child stored on `tier` needs it: on the device for
+    /// a device store, on any tier for a host store.
+    fn holds_for_child(&self, slot: Slot, tier: Tier, parent: i64) -> bool {
+        let i = slot as usize;
+        self.held[i].contains(&parent)
+            && (tier == Tier::Host || !self.tiers[i].off_device.contains(&parent))
+    }
+
+    /// Stores `hash` on `tier` for `slot`; false when the slot just went over quota (stop
+    /// storing).
+    fn store(&mut self, slot: Slot, tier: Tier, hash: i64) -> bool {
+        let i = slot as usize;
+        if self.held[i].contains(&hash) {
+            let t = &mut self.tiers[i];
+            match tier {
+                Tier::Device if t.off_device.remove(&hash) => self.off_device -= 1,
+                Tier::Device => {}
+                Tier::Host => {
+                    t.host.insert(hash);
+                }
+            }
             return true;
         }
         if self.held[slot as usize].len() >= self.quota {
@@ -201,15 +245,41 @@ impl KvIndex {
         if let Err(at) = holders.binary_search(&slot) {
             holders.insert(at, slot);
         }
-        self.held[slot as usize].insert(hash);
+        self.held[i].insert(hash);
+        if tier == Tier::Host {
+            self.tiers[i].host.insert(hash);
+            self.tiers[i].off_device.insert(hash);
+            self.off_device += 1;
+        }
         self.stats_mut(slot).blocks += 1;
         true
     }
 
-    fn remove(&mut self, slot: Slot, hash: i64) {
-        if !self.held[slot as usize].remove(&hash) {
+    /// Removes `hash`'s copy on `tier` from `slot`; the block is gone once no tier holds it.
+    fn remove(&mut self, slot: Slot, tier: Tier, hash: i64) {
+        let i = slot as usize;
+        if !self.held[i].contains(&hash) {
             return;
         }
+        let t = &mut self.tiers[i];
+        let gone = match tier {
+            Tier::Device if t.off_device.contains(&hash) => return,
+            Tier::Device if t.host.contains(&hash) => {
+                t.off_device.insert(hash);
+                self.off_device += 1;
+                return;
+            }
+            Tier::Device => true,
+            Tier::Host if !t.host.remove(&hash) => return,
+            Tier::Host => t.off_device.remove(&hash),
+        };
+        if !gone {
+            return;
+        }
+        if tier == Tier::Host {
+            self.off_device -= 1;
+        }
+        self.held[i].remove(&hash);
         unlink(&mut self.blocks, slot, hash);
         let st = self.stats_mut(slot);
         st.blocks = st.blocks.saturating_sub(1);
@@ -235,11 +305,17 @@ impl KvIndex {
         st.clears += 1;
         st.needs_resync = false;
         let set = std::mem::take(&mut self.held[slot as usize]);
-        if !set.is_empty() {
-            self.detached.push_back(DetachedBlocks {
-                slot,
-                hashes: set.into_iter(),
-            });
+        let tiers = std::mem::take(&mut self.tiers[slot as usize]);
+        self.off_device -= tiers.off_device.len();
+        // The tier sets only name held blocks: queued with them, their entries are unlinked at
+        // most twice (a no-op the second time) and freed off the lock like the rest.
+        for set in [set, tiers.host, tiers.off_device] {
+            if !set.is_empty() {
+                self.detached.push_back(DetachedBlocks {
+                    slot,
+                    hashes: set.into_iter(),
+                });
+            }
         }
     }
 
@@ -293,9 +369,44 @@ impl KvIndex {
         self.stats_mut(slot).needs_resync = true;
     }
 
-    /// The blocks `slot` holds, in no order (tests compare them with an engine's own cache).
+    /// The blocks `slot` holds on any tier, in no order (tests compare them with an engine's own
+    /// cache).
     pub fn slot_blocks(&self, slot: Slot) -> impl Iterator<Item = i64> + '_ {
         self.held.get(slot as usize).into_iter().flatten().copied()
+    }
+
+    /// The blocks `slot` holds on `tier`, in no order.
+    pub fn slot_blocks_on(&self, slot: Slot, tier: Tier) -> Vec<i64> {
+        let (Some(held), Some(t)) = (self.held.get(slot as usize), self.tiers.get(slot as usize))
+        else {
+            return Vec::new();
+        };
+        match tier {
+            Tier::Device => held
+                .iter()
+                .filter(|h| !t.off_device.contains(h))
+                .copied()
+                .collect(),
+            Tier::Host => t.host.iter().copied().collect(),
+        }
+    }
+
+    /// Blocks held on `tier`, summed over the slots (a block held by two slots counts twice).
+    pub fn tier_blocks(&self, tier: Tier) -> u64 {
+        (0..self.slots.len() as Slot)
+            .map(|s| {
+                let st = self.slot_stats(s);
+                match tier {
+                    Tier::Device => st.device_blocks,
+                    Tier::Host => st.host_blocks,
+                }
+            })
+            .sum()
+    }
+
+    /// Held blocks on a host tier only, over all slots.
+    pub fn off_device_blocks(&self) -> usize {
+        self.off_device
     }
 
     /// The bound on distinct blocks.
@@ -320,6 +431,32 @@ impl KvIndex {
     /// holds, written to `out` (cleared first; its capacity is reused).
     pub fn match_into(&self, chain: &[i64], out: &mut Vec<(Slot, u32)>) {
         out.clear();
+        self.each_match(chain, |slot, held| out.push((slot, held as u32)));
+    }
+
+    /// As [`KvIndex::match_into`], with each slot's depth on the device beside its depth on any
+    /// tier. The device depth costs a second binary search only for slots with blocks off the
+    /// device.
+    pub fn match_tiers_into(&self, chain: &[i64], out: &mut Vec<TierMatch>) {
+        out.clear();
+        self.each_match(chain, |slot, held| {
+            let off = &self.tiers[slot as usize].off_device;
+            let device = if off.is_empty() {
+                held
+            } else {
+                // Device blocks are prefix-closed within the held prefix.
+                chain[..held].partition_point(|h| !off.contains(h))
+            };
+            out.push(TierMatch {
+                slot,
+                held: held as u32,
+                device: device as u32,
+            });
+        });
+    }
+
+    /// Calls `f(slot, leading blocks held)` for each slot holding the first block of `chain`.
+    fn each_match(&self, chain: &[i64], mut f: impl FnMut(Slot, usize)) {
         let depth = self.any_depth(chain);
         let Some(first) = chain.first().filter(|_| depth > 0) else {
             return;
@@ -331,7 +468,7 @@ impl KvIndex {
         for &slot in candidates {
             let held = prefix.partition_point(|&h| self.holds(slot, h));
             if held > 0 {
-                out.push((slot, held as u32));
+                f(slot, held);
             }
         }
     }
@@ -350,141 +487,5 @@ fn unlink(blocks: &mut IdMap<i64, Holders>, slot: Slot, hash: i64) {
     }
 }
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use loadlink_wire::kv_events::{BlockRemoved, BlockStored};
-
-    fn stored(hashes: &[i64]) -> KvEvent {
-        KvEvent::Stored(BlockStored {
-            block_hashes: hashes.to_vec(),
-            block_size: 16,
-            ..Default::default()
-        })
-    }
-
-    fn chained(parent: Option<i64>, hashes: &[i64]) -> KvEvent {
-        KvEvent::Stored(BlockStored {
-            parent_block_hash: parent,
-            block_hashes: hashes.to_vec(),
-            block_size: 16,
-            ..Default::default()
-        })
-    }
-
-    fn removed(hashes: &[i64]) -> KvEvent {
-        KvEvent::Removed(BlockRemoved {
-            block_hashes: hashes.to_vec(),
-            medium: None,
-        })
-    }
-
-    #[test]
-    fn longest_prefix_per_slot() {
-        let mut ix = KvIndex::new(1000);
-        ix.apply(0, &stored(&[1, 2, 3, 4]));
-        ix.apply(1, &stored(&[1, 2]));
-        ix.apply(2, &stored(&[9]));
-        let mut out = Vec::new();
-        ix.match_into(&[1, 2, 3, 5, 6], &mut out);
-        out.sort();
-        assert_eq!(out, vec![(0, 3), (1, 2)]);
-        ix.match_into(&[7, 1], &mut out);
-        assert!(out.is_empty(), "a chain's first block is its root");
-        ix.apply(0, &removed(&[4, 3]));
-        ix.match_into(&[1, 2, 3], &mut out);
-        out.sort();
-        assert_eq!(out, vec![(0, 2), (1, 2)]);
-        assert_eq!(ix.slot_stats(0).blocks, 2);
-    }
-
-    #[test]
-    fn clear_forgets_one_slot_only_and_the_bound_is_counted() {
-        let mut ix = KvIndex::new(3);
-        ix.apply(0, &stored(&[1, 2]));
-        ix.apply(1, &stored(&[1, 3]));
-        assert_eq!(ix.len(), 3);
-        ix.apply(1, &stored(&[4]));
-        assert_eq!(ix.dropped_blocks(), 1);
-        assert!(ix.slot_stats(1).needs_resync);
-        ix.apply(0, &KvEvent::AllCleared);
-        assert_eq!(ix.len(), 2);
-        let mut out = Vec::new();
-        ix.match_into(&[1, 3], &mut out);
-        assert_eq!(out, vec![(1, 2)]);
-        assert_eq!(ix.slot_stats(0).blocks, 0);
-    }
-
-    #[test]
-    fn a_store_under_a_parent_the_slot_lacks_is_skipped_and_counted() {
-        let mut ix = KvIndex::new(4);
-        ix.apply(0, &stored(&[1, 2]));
-        ix.apply(1, &stored(&[7, 8, 9])); // 9 is dropped at the bound
-        ix.apply(1, &chained(Some(9), &[10, 11]));
-        ix.apply(0, &chained(Some(5), &[6]));
-        assert_eq!(ix.dropped_blocks(), 1);
-        assert_eq!(
-            ix.slot_stats(1).orphaned_blocks,
-            2,
-            "10 and 11 hang below 9"
-        );
-        assert_eq!(ix.slot_stats(0).orphaned_blocks, 1, "5 was never announced");
-        ix.apply(0, &chained(Some(2), &[3]));
-        assert_eq!(ix.dropped_blocks(), 2);
-        let mut out = Vec::new();
-        ix.match_into(&[7, 8, 9, 10, 11], &mut out);
-        assert_eq!(out, vec![(1, 2)], "nothing below the dropped block");
-    }
-
-    #[test]
-    fn a_detached_slot_reads_empty_at_once_and_restores_survive_the_unlinking() {
-        let mut ix = KvIndex::new(1000);
-        ix.apply(0, &stored(&[1, 2, 3]));
-        ix.apply(1, &stored(&[1, 2]));
-        ix.detach_slot(0);
-        let mut out = Vec::new();
-        ix.match_into(&[1, 2, 3], &mut out);
-        assert_eq!(out, vec![(1, 2)], "slot 0 is empty before any unlinking");
-        assert_eq!((ix.len(), ix.pending_unlinks()), (3, 3));
-        ix.apply(0, &stored(&[1, 4])); // stored again before its old entries are unlinked
-        let mut spent = Vec::new();
-        assert!(ix.unlink_step(2, &mut spent), "bounded: one entry left");
-        assert!(!ix.unlink_step(2, &mut spent));
-        assert_eq!(spent.len(), 1);
-        out.clear();
-        ix.match_into(&[1, 4], &mut out);
-        out.sort();
-        assert_eq!(out, vec![(0, 2), (1, 1)]);
-        ix.match_into(&[1, 2, 3], &mut out);
-        out.sort();
-        assert_eq!(out, vec![(0, 1), (1, 2)]);
-        assert_eq!(ix.len(), 3, "block 3 unlinked; 1, 2 and 4 still held");
-        assert_eq!(ix.slot_stats(0).blocks, 2);
-    }
-
-    #[test]
-    fn a_slot_over_its_quota_is_cleared_once_and_then_ignored() {
-        let mut ix = KvIndex::new(1000);
-        ix.set_slot_quota(3);
-        ix.apply(0, &stored(&[1, 2, 3]));
-        assert!(ix.take_over_quota().is_empty());
-        ix.apply(1, &stored(&[1]));
-        ix.apply(0, &stored(&[4, 5]));
-        assert_eq!(ix.take_over_quota(), vec![0]);
-        let st = ix.slot_stats(0);
-        assert!(st.over_quota && st.blocks == 0 && st.clears == 1);
-        ix.apply(0, &stored(&[6]));
-        ix.apply(0, &KvEvent::AllCleared);
-        ix.apply(0, &stored(&[7, 8]));
-        assert!(ix.take_over_quota().is_empty(), "counted once");
-        let mut spent = Vec::new();
-        while ix.unlink_step(1, &mut spent) {}
-        assert_eq!(
-            (ix.len(), ix.slot_stats(0).blocks),
-            (1, 0),
-            "only slot 1's block"
-        );
-        ix.release_slot(0);
-        ix.apply(0, &stored(&[9]));
-        assert_eq!(ix.slot_stats(0).blocks, 1, "a released slot starts afresh");
-    }
-}
+#[path = "index_tests.rs"]
+mod tests;

@@ -77,8 +77,11 @@ pub struct PrefixSettings {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lookup {
     pub prompt: PromptChain,
-    /// Tokens of this prompt cached on each candidate.
+    /// Tokens of this prompt cached on each candidate, on any tier.
     pub cached: Vec<u64>,
+    /// Of `cached`, the tokens held on a host tier only (loaded back before prefill); 0 for a
+    /// candidate priced from the approximate tree, which knows no tiers.
+    pub host_cached: Vec<u64>,
     /// Tokens each candidate's cache holds in all (for `cache_aware`'s smallest-cache choice).
     pub sizes: Vec<u64>,
     /// Whether each candidate was priced from the approximate tree (and so records dispatches).
@@ -105,6 +108,7 @@ impl CacheBook {
         let n = targets.len();
         let mut l = Lookup {
             cached: vec![0; n],
+            host_cached: vec![0; n],
             sizes: vec![0; n],
             approx: vec![false; n],
             sent_sizes: settings.sizes_from_sent,
@@ -131,14 +135,23 @@ impl CacheBook {
             }
         }
         let sizes: SmallVec<[u64; 4]> = l.prompt.hashed_sizes().collect();
+        let mut tiered = false;
         for size in sizes {
             let chain = l.prompt.hashed(size).unwrap_or_default();
             self.cached_tokens_at(targets, chain, size, &mut l.cached);
+            tiered |= self.host_cached_tokens_at(targets, chain, size, &mut l.host_cached);
         }
+        let index_cached = tiered.then(|| l.cached.clone());
         if l.sent_sizes || l.approx.iter().any(|&a| a) {
             l.prompt.chain(page);
             let only_tree = settings.source == PrefixSource::Approx;
             self.approx_into(&mut l, targets, page, now_ms, only_tree);
+        }
+        // Where the tree's answer replaced the index's, no part of it is known to be off-device.
+        for (i, before) in index_cached.iter().flatten().enumerate() {
+            if l.cached[i] != *before {
+                l.host_cached[i] = 0;
+            }
         }
         Some(l)
     }

@@ -29,6 +29,8 @@ pub mod lookup;
 mod report;
 pub mod request;
 pub mod stream;
+pub mod tier;
+mod tier_lookup;
 pub mod tokenizer;
 
 pub use approx::{ApproxStats, ApproxTree};
@@ -38,4 +40,5 @@ pub use index::{KvIndex, Slot, SlotStats};
 pub use lookup::{Lookup, PrefixSettings, PrefixSource};
 pub use request::PromptChain;
 pub use stream::{CacheCounters, EVENT_TYPES, ResyncReason, StreamStats, View};
+pub use tier::{Tier, TierMatch};
 pub use tokenizer::RouterTokenizer;

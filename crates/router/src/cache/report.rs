@@ -5,6 +5,7 @@
 use super::approx_slots::key;
 use super::book::CacheBook;
 use super::stream::{EVENT_TYPES, ResyncReason, View};
+use super::tier::Tier;
 use crate::book::Worker;
 use loadlink_wire::prom::{Exposition, LabelSet, LabelWriter, MetricType};
 use serde_json::{Value, json};
@@ -22,6 +23,11 @@ impl LabelSet for TypeLabels {
 loadlink_wire::label_set! {
     /// `{reason="restart|gap_not_covered|replay_failed|no_replay"}`.
     struct ReasonLabels { reason: &'static str }
+}
+
+loadlink_wire::label_set! {
+    /// `{tier="device|host"}`.
+    struct TierLabels { tier: &'static str }
 }
 
 loadlink_wire::label_set! {
@@ -58,7 +64,8 @@ fn incomplete_reason(views: &[&'static str]) -> Option<String> {
 impl CacheBook {
     /// `worker`'s `kv_events` object for `/workers`: `{blocks, gaps, replays, resyncs,
     /// needs_resync, last_seq: [per rank], rank_blocks: [per rank], block_size, rank_quota, over_quota_ranks: [ranks],
-    /// not_indexed_reason}` (the reason is null while every rank is indexed), or `null` (and the
+    /// not_indexed_reason, rank_tier_blocks: {device: [per rank], host: [per rank]},
+    /// orphaned_blocks}` (the reason is null while every rank is indexed), or `null` (and the
     /// reason as the second value) when it has no KV-event stream.
     pub fn worker_json(&self, worker: &Worker) -> (Value, Option<String>) {
         let g = self.read();
@@ -69,9 +76,13 @@ impl CacheBook {
         let (mut blocks, mut gaps, mut replays, mut resyncs, mut stale) = (0, 0, 0, 0, false);
         let (mut last, mut over, mut per_rank) = (Vec::new(), Vec::new(), Vec::new());
         let (mut views, mut epochs, mut snapshots) = (Vec::new(), Vec::new(), 0);
+        let (mut device, mut host, mut orphaned) = (Vec::new(), Vec::new(), 0);
         for r in &e.ranks {
             let (st, s) = (g.index.slot_stats(r.slot), &r.stats);
             per_rank.push(st.blocks);
+            device.push(st.device_blocks);
+            host.push(st.host_blocks);
+            orphaned += st.orphaned_blocks;
             let view = s.view();
             stale |= !view.is_complete();
             views.push(view.as_str());
@@ -102,6 +113,7 @@ impl CacheBook {
             "needs_resync": stale, "last_seq": last, "rank_blocks": per_rank, "block_size": e.block_size,
             "rank_quota": quota, "over_quota_ranks": over, "not_indexed_reason": reason,
             "views": views, "epochs": epochs, "snapshots": snapshots,
+            "rank_tier_blocks": { "device": device, "host": host }, "orphaned_blocks": orphaned,
         });
         (v, None)
     }
@@ -109,12 +121,13 @@ impl CacheBook {
     /// The `loadlink_kv_*` families, with per-worker blocks for `workers`.
     pub fn write_metrics(&self, e: &mut Exposition, workers: &[std::sync::Arc<Worker>]) {
         let c = &self.counters;
-        let (len, max, dropped) = {
+        let (len, max, dropped, tiers) = {
             let g = self.read();
             (
                 g.index.len(),
                 g.index.max_blocks(),
                 g.index.dropped_blocks(),
+                Tier::ALL.map(|t| (t, g.index.tier_blocks(t))),
             )
         };
         let gauges = [
@@ -136,6 +149,14 @@ impl CacheBook {
         ];
         for (name, help, v) in gauges {
             e.single(name, MetricType::Gauge, help, v);
+        }
+        let mut f = e.family(
+            "loadlink_kv_index_tier_blocks",
+            MetricType::Gauge,
+            "Blocks the index holds per storage tier, summed over worker ranks (host: CPU_PINNED, DISK, EXTERNAL)",
+        );
+        for (t, n) in tiers {
+            f.sample(&TierLabels { tier: t.as_str() }, n);
         }
         let counters = self.counter_rows(dropped);
         for (name, help, v) in counters {

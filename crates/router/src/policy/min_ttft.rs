@@ -3,12 +3,17 @@
 //!
 //! ```text
 //! ttft(i) = (queued(i) + uncached(i) + per_request_tokens · requests(i)) · s_per_token(i)
-//!           + kv_penalty(i)
+//!           + host_load(i) + kv_penalty(i)
 //! ```
 //! * `queued(i)`: the engine-reported prefill backlog plus the tokens this router dispatched there
 //!   since the snapshot (both from the book, [`View::queued_prefill_s`]);
 //! * `uncached(i)`: this request's prompt minus its prefix cached there (KV index or approximate
-//!   tree): the cache's whole effect is to make this term small;
+//!   tree), on any tier: the cache's whole effect is to make this term small;
+//! * `host_load(i)` (with `--tier-pricing aware`, the default): the part of that prefix held on a
+//!   host tier only is loaded back before prefill, at the worker's advertised load bandwidth (else
+//!   `host_load_tokens_per_s`), and never priced above recomputing it. So a host-tier hit ranks
+//!   between a device hit and a miss. `blind` prices it as a device hit (free), as routers do
+//!   today; SGLang #39108 is what that costs once sessions outlive their device pages;
 //! * `requests(i)`: queued and running requests; each costs decode steps interleaved with the
 //!   prefill (the backlog signal's per-request weight);
 //! * `s_per_token(i)`: that engine's measured prefill speed, so a slow engine is priced as slow;
@@ -30,6 +35,41 @@
 use super::{View, mix};
 use crate::book::DISPATCH_TOKENS_GUESS;
 
+/// Host-to-device KV load bandwidth assumed for a worker that does not advertise its own, in
+/// tokens per second. A Llama-3-8B-class model (GQA, 32 layers, 8 KV heads of 128, bf16) keeps
+/// 128 KiB of KV per token; PCIe 4.0 x16 moves about 25 GB/s at best, and HiCache's copy kernels
+/// reach a good part of that: 100k tokens/s is about 13 GB/s, a conservative half. Against the
+/// simulated engine's 10k prefill tokens/s, a host-tier hit costs a tenth of recomputing it,
+/// close to the 72% TTFT saving SGLang #26305 measures for 8k-token prompts hitting the host.
+pub const DEFAULT_HOST_LOAD_TOKENS_PER_S: f64 = 100_000.0;
+
+/// How `min_ttft` prices the part of a hit held on a host tier only (`--tier-pricing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TierPricing {
+    /// At its load-back time.
+    #[default]
+    Aware,
+    /// As a device hit: free (what routers that ignore tiers do).
+    Blind,
+}
+
+impl TierPricing {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "aware" => Ok(TierPricing::Aware),
+            "blind" => Ok(TierPricing::Blind),
+            o => Err(format!("--tier-pricing {o:?}: expected aware or blind")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierPricing::Aware => "aware",
+            TierPricing::Blind => "blind",
+        }
+    }
+}
+
 /// `min_ttft`'s parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MinTtft {
@@ -43,6 +83,10 @@ pub struct MinTtft {
     pub tie_rel: f64,
     /// Absolute width of the tie band, seconds.
     pub tie_abs_s: f64,
+    /// How a host-tier hit is priced.
+    pub tier_pricing: TierPricing,
+    /// Load-back bandwidth of workers that do not advertise theirs, tokens per second.
+    pub host_load_tokens_per_s: f64,
 }
 
 impl Default for MinTtft {
@@ -53,6 +97,8 @@ impl Default for MinTtft {
             kv_pressure_from: 0.9,
             tie_rel: 0.05,
             tie_abs_s: 0.002,
+            tier_pricing: TierPricing::Aware,
+            host_load_tokens_per_s: DEFAULT_HOST_LOAD_TOKENS_PER_S,
         }
     }
 }
@@ -67,7 +113,9 @@ impl MinTtft {
             0 => DISPATCH_TOKENS_GUESS as u64,
             p => p,
         };
-        let uncached = prompt - view.cached_tokens(i).min(prompt);
+        let cached = view.cached_tokens(i).min(prompt);
+        let uncached = prompt - cached;
+        let host_load_s = self.host_load_s(view, i, cached, s_tok);
         let queued_s = match (p.queued_s, p.engine_requests) {
             (Some(q), Some(r)) => q + r.max(0) as f64 * self.per_request_tokens * s_tok,
             _ => {
@@ -82,7 +130,24 @@ impl MinTtft {
         } else {
             0.0
         };
-        queued_s + uncached as f64 * s_tok + kv_penalty
+        queued_s + uncached as f64 * s_tok + host_load_s + kv_penalty
+    }
+
+    /// Seconds to load back the host-tier part of candidate `i`'s `cached` tokens (0 when blind,
+    /// and on the common path without tiers); never more than recomputing them at `s_tok`.
+    #[inline]
+    fn host_load_s(&self, view: &impl View, i: usize, cached: u64, s_tok: f64) -> f64 {
+        if self.tier_pricing == TierPricing::Blind {
+            return 0.0;
+        }
+        let host = view.host_cached_tokens(i).min(cached);
+        if host == 0 {
+            return 0.0;
+        }
+        let per_token = view
+            .host_load_s_per_token(i)
+            .unwrap_or(1.0 / self.host_load_tokens_per_s.max(1.0));
+        host as f64 * per_token.min(s_tok)
     }
 
     /// The chosen worker, or `None` when none is available. Each candidate is priced once: the

@@ -12,7 +12,7 @@ pub mod cache_aware;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
-pub use min_ttft::MinTtft;
+pub use min_ttft::{DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
@@ -34,6 +34,16 @@ pub trait View {
     /// approximate tree for workers without KV events); 0 when unknown.
     fn cached_tokens(&self, _i: usize) -> u64 {
         0
+    }
+    /// Of [`View::cached_tokens`], the tokens held on a host tier only (HiCache's host pool,
+    /// disk): a hit that is loaded back before prefill. 0 when unknown or without tiers.
+    fn host_cached_tokens(&self, _i: usize) -> u64 {
+        0
+    }
+    /// Seconds worker `i` needs to load one token's KV back from its host tier (the inverse of
+    /// its advertised load bandwidth); `None`: not advertised, the policy's default applies.
+    fn host_load_s_per_token(&self, _i: usize) -> Option<f64> {
+        None
     }
     /// Tokens the router believes worker `i` caches in all (the size of its tree or index slot):
     /// `cache_aware` sends a request without a good match to the worker with the least.
@@ -241,3 +251,5 @@ pub(crate) fn argmin_by<K: PartialOrd>(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;

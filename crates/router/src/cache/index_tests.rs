@@ -1,0 +1,193 @@
+//! Unit tests of [`super::KvIndex`] (the nesting property test is `tests/kv_index_nesting.rs`).
+
+use super::*;
+use loadlink_wire::kv_events::{BlockRemoved, BlockStored};
+
+fn stored(hashes: &[i64]) -> KvEvent {
+    KvEvent::Stored(BlockStored {
+        block_hashes: hashes.to_vec(),
+        block_size: 16,
+        ..Default::default()
+    })
+}
+
+fn chained(parent: Option<i64>, hashes: &[i64]) -> KvEvent {
+    KvEvent::Stored(BlockStored {
+        parent_block_hash: parent,
+        block_hashes: hashes.to_vec(),
+        block_size: 16,
+        ..Default::default()
+    })
+}
+
+fn removed(hashes: &[i64]) -> KvEvent {
+    KvEvent::Removed(BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: None,
+    })
+}
+
+#[test]
+fn longest_prefix_per_slot() {
+    let mut ix = KvIndex::new(1000);
+    ix.apply(0, &stored(&[1, 2, 3, 4]));
+    ix.apply(1, &stored(&[1, 2]));
+    ix.apply(2, &stored(&[9]));
+    let mut out = Vec::new();
+    ix.match_into(&[1, 2, 3, 5, 6], &mut out);
+    out.sort();
+    assert_eq!(out, vec![(0, 3), (1, 2)]);
+    ix.match_into(&[7, 1], &mut out);
+    assert!(out.is_empty(), "a chain's first block is its root");
+    ix.apply(0, &removed(&[4, 3]));
+    ix.match_into(&[1, 2, 3], &mut out);
+    out.sort();
+    assert_eq!(out, vec![(0, 2), (1, 2)]);
+    assert_eq!(ix.slot_stats(0).blocks, 2);
+}
+
+#[test]
+fn clear_forgets_one_slot_only_and_the_bound_is_counted() {
+    let mut ix = KvIndex::new(3);
+    ix.apply(0, &stored(&[1, 2]));
+    ix.apply(1, &stored(&[1, 3]));
+    assert_eq!(ix.len(), 3);
+    ix.apply(1, &stored(&[4]));
+    assert_eq!(ix.dropped_blocks(), 1);
+    assert!(ix.slot_stats(1).needs_resync);
+    ix.apply(0, &KvEvent::AllCleared);
+    assert_eq!(ix.len(), 2);
+    let mut out = Vec::new();
+    ix.match_into(&[1, 3], &mut out);
+    assert_eq!(out, vec![(1, 2)]);
+    assert_eq!(ix.slot_stats(0).blocks, 0);
+}
+
+#[test]
+fn a_store_under_a_parent_the_slot_lacks_is_skipped_and_counted() {
+    let mut ix = KvIndex::new(4);
+    ix.apply(0, &stored(&[1, 2]));
+    ix.apply(1, &stored(&[7, 8, 9])); // 9 is dropped at the bound
+    ix.apply(1, &chained(Some(9), &[10, 11]));
+    ix.apply(0, &chained(Some(5), &[6]));
+    assert_eq!(ix.dropped_blocks(), 1);
+    assert_eq!(
+        ix.slot_stats(1).orphaned_blocks,
+        2,
+        "10 and 11 hang below 9"
+    );
+    assert_eq!(ix.slot_stats(0).orphaned_blocks, 1, "5 was never announced");
+    ix.apply(0, &chained(Some(2), &[3]));
+    assert_eq!(ix.dropped_blocks(), 2);
+    let mut out = Vec::new();
+    ix.match_into(&[7, 8, 9, 10, 11], &mut out);
+    assert_eq!(out, vec![(1, 2)], "nothing below the dropped block");
+}
+
+fn on(medium: &str, parent: Option<i64>, hashes: &[i64]) -> KvEvent {
+    KvEvent::Stored(BlockStored {
+        parent_block_hash: parent,
+        block_hashes: hashes.to_vec(),
+        medium: Some(medium.into()),
+        ..Default::default()
+    })
+}
+
+fn off(medium: &str, hashes: &[i64]) -> KvEvent {
+    KvEvent::Removed(BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: Some(medium.into()),
+    })
+}
+
+#[test]
+fn demoted_blocks_match_on_the_host_tier_until_loaded_back_or_evicted() {
+    let mut ix = KvIndex::new(1000);
+    ix.apply(0, &stored(&[1, 2, 3, 4]));
+    // HiCache demotes the device leaves 4 then 3: host copy first, then the device removal.
+    for h in [4, 3] {
+        ix.apply(0, &on("CPU_PINNED", Some(h - 1), &[h]));
+        ix.apply(0, &off("GPU", &[h]));
+    }
+    let mut out = Vec::new();
+    ix.match_tiers_into(&[1, 2, 3, 4, 5], &mut out);
+    let m = |held, device| TierMatch {
+        slot: 0,
+        held,
+        device,
+    };
+    assert_eq!(out, vec![m(4, 2)], "4 blocks on any tier, 2 on the device");
+    let st = ix.slot_stats(0);
+    assert_eq!((st.blocks, st.device_blocks, st.host_blocks), (4, 2, 2));
+    // A device store below a host-only parent is refused: device blocks stay nested.
+    ix.apply(0, &on("GPU", Some(4), &[5]));
+    assert_eq!(ix.slot_stats(0).orphaned_blocks, 1);
+    // Load-back of 3 (its host copy stays), then the host copy of 4 is evicted.
+    ix.apply(0, &on("GPU", Some(2), &[3]));
+    ix.apply(0, &off("CPU_PINNED", &[4]));
+    ix.match_tiers_into(&[1, 2, 3, 4], &mut out);
+    assert_eq!(out, vec![m(3, 3)]);
+    assert_eq!(ix.slot_blocks_on(0, Tier::Host), vec![3]);
+    // DISK counts as the host tier; a device removal of a block with a host copy keeps it.
+    ix.apply(0, &on("DISK", Some(3), &[6]));
+    ix.apply(0, &off("GPU", &[3]));
+    ix.match_tiers_into(&[1, 2, 3, 6], &mut out);
+    assert_eq!(out, vec![m(4, 2)]);
+    ix.apply(0, &KvEvent::AllCleared);
+    let st = ix.slot_stats(0);
+    assert_eq!((st.blocks, st.host_blocks, st.clears), (0, 0, 1));
+    assert!(ix.is_empty());
+}
+
+#[test]
+fn a_detached_slot_reads_empty_at_once_and_restores_survive_the_unlinking() {
+    let mut ix = KvIndex::new(1000);
+    ix.apply(0, &stored(&[1, 2, 3]));
+    ix.apply(1, &stored(&[1, 2]));
+    ix.detach_slot(0);
+    let mut out = Vec::new();
+    ix.match_into(&[1, 2, 3], &mut out);
+    assert_eq!(out, vec![(1, 2)], "slot 0 is empty before any unlinking");
+    assert_eq!((ix.len(), ix.pending_unlinks()), (3, 3));
+    ix.apply(0, &stored(&[1, 4])); // stored again before its old entries are unlinked
+    let mut spent = Vec::new();
+    assert!(ix.unlink_step(2, &mut spent), "bounded: one entry left");
+    assert!(!ix.unlink_step(2, &mut spent));
+    assert_eq!(spent.len(), 1);
+    out.clear();
+    ix.match_into(&[1, 4], &mut out);
+    out.sort();
+    assert_eq!(out, vec![(0, 2), (1, 1)]);
+    ix.match_into(&[1, 2, 3], &mut out);
+    out.sort();
+    assert_eq!(out, vec![(0, 1), (1, 2)]);
+    assert_eq!(ix.len(), 3, "block 3 unlinked; 1, 2 and 4 still held");
+    assert_eq!(ix.slot_stats(0).blocks, 2);
+}
+
+#[test]
+fn a_slot_over_its_quota_is_cleared_once_and_then_ignored() {
+    let mut ix = KvIndex::new(1000);
+    ix.set_slot_quota(3);
+    ix.apply(0, &stored(&[1, 2, 3]));
+    assert!(ix.take_over_quota().is_empty());
+    ix.apply(1, &stored(&[1]));
+    ix.apply(0, &stored(&[4, 5]));
+    assert_eq!(ix.take_over_quota(), vec![0]);
+    let st = ix.slot_stats(0);
+    assert!(st.over_quota && st.blocks == 0 && st.clears == 1);
+    ix.apply(0, &stored(&[6]));
+    ix.apply(0, &KvEvent::AllCleared);
+    ix.apply(0, &stored(&[7, 8]));
+    assert!(ix.take_over_quota().is_empty(), "counted once");
+    let mut spent = Vec::new();
+    while ix.unlink_step(1, &mut spent) {}
+    assert_eq!(
+        (ix.len(), ix.slot_stats(0).blocks),
+        (1, 0),
+        "only slot 1's block"
+    );
+    ix.release_slot(0);
+    ix.apply(0, &stored(&[9]));
+    assert_eq!(ix.slot_stats(0).blocks, 1, "a released slot starts afresh");
+}
