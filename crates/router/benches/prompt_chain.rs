@@ -9,7 +9,9 @@ use loadlink_router::cache::PromptChain;
 const TOKENS: u32 = 20_000;
 
 fn ids() -> Vec<u32> {
-    (0..TOKENS).map(|i| i.wrapping_mul(2_654_435_761) % 151_000).collect()
+    (0..TOKENS)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 151_000)
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
