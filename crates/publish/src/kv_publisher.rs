@@ -323,3 +323,19 @@ impl Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_only_grow_and_start_at_the_clock() {
+        let before = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let epochs: Vec<u64> = (0..10_000).map(|_| next_epoch()).collect();
+        assert!(epochs[0] >= before);
+        assert!(epochs.windows(2).all(|w| w[1] > w[0]));
+    }
+}
