@@ -105,6 +105,9 @@ impl TopicFrame {
     }
 }
 
+/// The largest request frame the replay ROUTER accepts (a replay's 8-byte seq, `snapshot-v1`).
+const MAX_REQUEST_BYTES: i64 = 64;
+
 /// The last epoch handed out in this process: a restart within one process (tests, a rebind)
 /// must still see a larger epoch, even if the clock did not move or went back.
 static LAST_EPOCH: AtomicU64 = AtomicU64::new(0);
@@ -144,6 +147,15 @@ impl KvEventPublisher {
             Some(ep) => {
                 let s = ctx.socket(zmq::ROUTER)?;
                 s.set_linger(0)?;
+                // Requests are at most 11 bytes: a peer sending more is cut off, not buffered.
+                s.set_maxmsgsize(MAX_REQUEST_BYTES)?;
+                // A whole replay (every buffered batch and the end marker) fits the queue of one
+                // peer; a ROUTER drops silently past its high-water mark.
+                s.set_sndhwm(
+                    i32::try_from(cfg.buffer_steps.saturating_add(64))
+                        .unwrap_or(i32::MAX)
+                        .max(1000),
+                )?;
                 s.bind(ep)?;
                 Some(s)
             }
@@ -309,5 +321,21 @@ impl Worker {
         if let Some(b) = &self.buffer {
             b.push(seq, Arc::from(&self.scratch[..]));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_only_grow_and_start_at_the_clock() {
+        let before = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let epochs: Vec<u64> = (0..10_000).map(|_| next_epoch()).collect();
+        assert!(epochs[0] >= before);
+        assert!(epochs.windows(2).all(|w| w[1] > w[0]));
     }
 }

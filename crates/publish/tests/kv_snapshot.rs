@@ -1,7 +1,8 @@
 //! Snapshots, seq holes and the replay thread of the KV-event publisher, on real libzmq sockets:
 //! a DEALER's snapshot request gets the source's cut (ordered, chunked, with the publisher's
 //! epoch), a publisher without a source answers `error`, a snapshot stalled inside its source does
-//! not hold back live batches, and a batch dropped on a full queue is a seq hole a SUB sees.
+//! not hold back live batches, a batch dropped on a full queue is a seq hole a SUB sees, and
+//! malformed or oversized requests are counted (or cut off) without stopping the socket.
 
 use loadlink_publish::{CacheCut, CutPage, KvEventPublisher, KvPublisherConfig, free_port_block};
 use loadlink_testkit::first_message;
@@ -220,4 +221,25 @@ fn a_dropped_batch_is_a_seq_hole_a_subscriber_sees() {
     let holes = (first..first + n).count() - seqs.len();
     assert_eq!(holes as u64, dropped);
     assert_eq!(p.seq().last_assigned(), first + n - 1);
+}
+
+#[test]
+fn hostile_requests_are_counted_and_the_socket_still_answers() {
+    let (p, _, replay) = publisher(|_| {});
+    let ctx = zmq::Context::new();
+    // A peer sending an oversized frame is cut off by the socket (never buffered).
+    let big = snapshot_dealer(&ctx, replay);
+    big.send_multipart([&b""[..], &vec![b'x'; 1 << 20]], 0)
+        .unwrap();
+    // Malformed requests on one connection, then a snapshot request: answered in order.
+    let d = snapshot_dealer(&ctx, replay);
+    d.send_multipart([&b""[..], b"snapshot-v2"], 0).unwrap();
+    d.send_multipart([&b""[..], b"a", b"b"], 0).unwrap();
+    d.send_multipart([&b""[..], &[0u8; 7][..]], 0).unwrap();
+    ask_snapshot(&d);
+    assert!(read_snapshot(&d).unwrap_err().contains("snapshot source"));
+    assert_eq!(p.stats().errors.load(Ordering::Relaxed), 3);
+    assert_eq!(p.stats().snapshot_errors.load(Ordering::Relaxed), 1);
+    // No answer to any of them but the snapshot request.
+    assert_eq!(d.poll(zmq::POLLIN, 0).unwrap(), 0);
 }
