@@ -420,4 +420,40 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn chat_requests_render_with_the_template_file_tools_and_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        saved_tokenizer(dir.path());
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"bos_token":"<s>","chat_template":"ignored: the .jinja file wins"}"#,
+        )
+        .unwrap();
+        // Indented for reading, as published templates are: trim/lstrip blocks remove it.
+        std::fs::write(
+            dir.path().join("chat_template.jinja"),
+            "{{ bos_token }}\n{% for m in messages %}\n    {{ m.role }} : {{ m.content }} |\n{% endfor %}\n{% if tools %}{{ raise_exception('tools: ' ~ (tools | tojson)) }}{% endif %}\n",
+        )
+        .unwrap();
+        let t = RouterTokenizer::load(Some(dir.path())).unwrap();
+        let body = br#"{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]}"#;
+        assert_eq!(
+            t.chat_request_ids(body).unwrap().unwrap(),
+            [1, 4, 6, 2, 7, 4, 6, 3, 7],
+            "<s> user : hello | user : world | (a last assistant turn renders as the user's)"
+        );
+        assert_eq!(t.unkeyed_chats(), 0);
+        let tools = br#"{"messages": [{"role": "user", "content": "hello"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+        let e = t.chat_request_ids(tools).unwrap().unwrap_err();
+        assert!(
+            e.contains(r#"tools: [{"name": "f", "description": null, "parameters": null}]"#),
+            "retried with bare functions: {e}"
+        );
+        assert_eq!(t.unkeyed_chats(), 1, "a failed render is counted");
+        let image = br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}"#;
+        assert!(t.chat_request_ids(image).unwrap().is_err());
+        assert_eq!(t.unkeyed_chats(), 2);
+        assert!(RouterTokenizer::default().chat_request_ids(body).is_none());
+    }
 }
