@@ -1,7 +1,8 @@
 //! Hashing a request's chain per block size: a 20k-token prompt at page size 1 (SGLang's default:
 //! one SHA-256 per token, the floor), and at sizes 1, 16 and 64 together, as one request is
 //! hashed for a fleet mixing the three. The bound: the three cost at most 2x the one.
-//! Also prints whether this CPU has the SHA extensions the `sha2` crate uses at run time.
+//! Also prints whether this CPU has the SHA extensions the `sha2` crate uses at run time, and
+//! times the reference chain (`loadlink_wire::kv_events::page_hashes`) at size 1 for comparison.
 
 use criterion::{BatchSize, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use loadlink_router::cache::PromptChain;
@@ -37,6 +38,11 @@ fn bench(c: &mut Criterion) {
             )
         });
     }
+    // The reference chain through the streaming `Digest` API, for comparison at size 1.
+    let tokens = ids();
+    g.bench_function("reference_page_hashes_size_1", |b| {
+        b.iter(|| black_box(loadlink_wire::kv_events::page_hashes(&tokens, 1).len()))
+    });
     g.finish();
 }
 

@@ -23,6 +23,7 @@ pub mod approx;
 mod approx_slots;
 pub mod block_size;
 pub mod book;
+mod chain_hash;
 mod chat_context;
 mod chat_env;
 mod id_hash;

@@ -8,13 +8,14 @@
 //! * **Full pages of all but the last token.** The engine must compute the last prompt token's
 //!   logits, so it never reuses it; and SGLang (`RadixKey::page_aligned`) stores, announces and
 //!   matches page-aligned keys only, so a shorter last page is never hashed here either.
-//! * The chain uses SGLang's page hashes (`loadlink_wire::kv_events::page_hashes`), so the same
+//! * The chain uses SGLang's page hashes (`loadlink_wire::kv_events::page_hashes`, computed at the
+//!   compression function by `chain_hash.rs` for speed), so the same
 //!   numbers key the KV index (the engines' announcements) and the approximate tree (what this
 //!   router sent). A body that is not a generation request, or that the engine would refuse, has
 //!   no chain: it is routed on load alone, and the engine answers the client's mistake itself.
 
 use super::tokenizer::RouterTokenizer;
-use loadlink_wire::kv_events::page_hashes;
+use super::chain_hash::page_hashes;
 use loadlink_wire::prompt::{Prompt, PromptRoute, json_object, prompt_of};
 use smallvec::SmallVec;
 
@@ -94,6 +95,7 @@ impl PromptChain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loadlink_wire::kv_events::page_hashes;
     use loadlink_wire::tokenize::tokenize;
 
     #[test]
