@@ -46,7 +46,10 @@ pub fn page_hashes(tokens: &[u32], page_size: usize) -> Vec<i64> {
         buf.extend_from_slice(&bits.to_be_bytes());
         let mut state = IV;
         for block in buf.chunks_exact(64) {
-            compress256(&mut state, std::slice::from_ref(GenericArray::from_slice(block)));
+            compress256(
+                &mut state,
+                std::slice::from_ref(GenericArray::from_slice(block)),
+            );
         }
         let mut digest = [0u8; 32];
         for (d, w) in digest.chunks_exact_mut(4).zip(state) {

@@ -14,8 +14,8 @@
 //!   router sent). A body that is not a generation request, or that the engine would refuse, has
 //!   no chain: it is routed on load alone, and the engine answers the client's mistake itself.
 
-use super::tokenizer::RouterTokenizer;
 use super::chain_hash::page_hashes;
+use super::tokenizer::RouterTokenizer;
 use loadlink_wire::prompt::{Prompt, PromptRoute, json_object, prompt_of};
 use smallvec::SmallVec;
 
