@@ -9,14 +9,13 @@ tokenizer is a small byte-level BPE built here, with each model's special tokens
 transformers (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`): the template text
 is what differs between the two renderers, the tokenization half only has to be the same file.
 
-The messages handed to the oracle are the request's as SGLang hands them to the template
-(`as_sglang_passes`, each step named after the SGLang code it follows): the Rust side derives the
-same from the raw request body.
+The messages and tools handed to the oracle are the request's as SGLang hands them to the
+template (`as_sglang_passes`: dumped by SGLang's own pydantic request models, then the steps of
+`serving_chat.py`, each named): the Rust side derives the same from the raw request body.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import pathlib
 
@@ -26,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from conftest import run_json  # noqa: E402
+from test_routed_rank import sglang  # noqa: E402
 
 TEMPLATES = pathlib.Path(__file__).resolve().parent / "templates"
 
@@ -94,26 +94,22 @@ REQUESTS = {
 
 def as_sglang_passes(body: dict) -> tuple[list[dict], list[dict] | None, dict]:
     """The messages, tools and keyword arguments SGLang 0.5.23 hands `apply_chat_template` for
-    `body`, for a template that reads content as a string (none of these loops over parts)."""
+    `body`, for a template that reads content as a string (none of these loops over parts).
+
+    The request is parsed and dumped by SGLang's own pydantic models (`ChatCompletionRequest`,
+    loaded from the wheel as test_routed_rank.py loads it); the steps `serving_chat.py` then takes
+    (`_apply_jinja_template`) are written out below, each named after SGLang's function."""
+    req = sglang().protocol.ChatCompletionRequest(model="m", **body)
     messages = []
-    for m in copy.deepcopy(body["messages"]):
-        # ChatCompletionMessage*Param.model_dump(): user messages keep role and content only.
-        if m["role"] == "user":
-            m = {"role": "user", "content": m.get("content")}
-        # normalize_assistant_tool_call_arguments + ToolCall.model_dump()
-        if m.get("tool_calls"):
-            m["tool_calls"] = [
-                {
-                    "id": c.get("id"),
-                    "index": c.get("index"),
-                    "type": c.get("type", "function"),
-                    "function": {"name": c["function"].get("name"), "arguments": json.loads(c["function"]["arguments"])},
-                }
-                for c in m["tool_calls"]
-            ]
+    for m in (msg.model_dump() for msg in req.messages):
+        # normalize_assistant_tool_call_arguments: JSON-string arguments decoded.
+        for call in m.get("tool_calls") or []:
+            if isinstance(call["function"].get("arguments"), str):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
         if m.get("content") is None:
             m["content"] = ""
-        # process_content_for_template_format(..., "string"): parts joined by a space, nulls dropped.
+        # process_content_for_template_format(..., "string"): text parts joined by a space; then
+        # top-level nulls dropped.
         if isinstance(m["content"], list):
             m["content"] = " ".join(p["text"] for p in m["content"] if p.get("type") == "text")
         messages.append({k: v for k, v in m.items() if v is not None})
@@ -121,15 +117,8 @@ def as_sglang_passes(body: dict) -> tuple[list[dict], list[dict] | None, dict]:
     if messages[-1]["role"] == "assistant" and isinstance(messages[-1]["content"], str):
         messages[-1] = {"role": "user", "content": messages[-1]["content"]}
     tools = None
-    if body.get("tools") and body.get("tool_choice") != "none":
-        # Tool.model_dump(): the function's keys in the client's order, description and
-        # parameters filled with None, and the tool's own defer_loading.
-        tools = []
-        for t in body["tools"]:
-            f = dict(t["function"])
-            for k in ("description", "parameters"):
-                f.setdefault(k, None)
-            tools.append({"type": t.get("type", "function"), "function": f, "defer_loading": None})
+    if req.tools and req.tool_choice != "none":
+        tools = [t.model_dump() for t in req.tools]
     return messages, tools, dict(body.get("chat_template_kwargs") or {})
 
 
