@@ -75,6 +75,18 @@ pub enum WireCommand {
         #[arg(long, default_value_t = 1)]
         page_size: usize,
     },
+    /// Read request bodies (JSON, one per line) and print the token ids the router prices each
+    /// by, as `{"ids": […]}` (or `{"error": …}`): chat requests rendered by the model's chat
+    /// template as the engine renders them. The interop suite compares these with transformers.
+    PromptIds {
+        /// A Hugging Face tokenizer.json or its directory (as `route --tokenizer`); without it,
+        /// the simulated engine's tokenizer.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// The route the bodies are sent to.
+        #[arg(long, default_value = "/v1/chat/completions")]
+        path: String,
+    },
     /// Subscribe to a publisher and print each message as a JSON line
     /// (`{"topic", "seq", "payload"}`, or `{"error", "reason"}` for a bad message).
     Listen {
@@ -112,6 +124,19 @@ pub fn run(cmd: WireCommand) -> Result<()> {
                 serde_json::from_str(line).context("expected a JSON list of token ids")?;
             Ok(json!(page_hashes(&tokens, page_size.max(1))).to_string())
         })?,
+        WireCommand::PromptIds { tokenizer, path } => {
+            let tok = loadlink_router::cache::RouterTokenizer::load(tokenizer.as_deref())
+                .map_err(anyhow::Error::msg)?;
+            each_line(&mut out, |line| {
+                Ok(
+                    match loadlink_router::cache::prompt_ids(&path, line.as_bytes(), &tok) {
+                        Ok(ids) => json!({ "ids": ids }),
+                        Err(e) => json!({ "error": e }),
+                    }
+                    .to_string(),
+                )
+            })?
+        }
         WireCommand::ShmWrite {
             path,
             dp_size,

@@ -115,15 +115,16 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Erro
             }
         };
     }
-    if let Some(v) = arg(2)? {
-        if !v.is_none() && !v.is_undefined() {
-            let pair: Vec<Value> = v.try_iter()?.collect();
-            match pair.as_slice() {
-                [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
-                    o.separators = Some((a.to_string(), b.to_string()));
-                }
-                _ => return Err(bad("separators: expected a pair of strings")),
+    if let Some(v) = arg(2)?
+        && !v.is_none()
+        && !v.is_undefined()
+    {
+        let pair: Vec<Value> = v.try_iter()?.collect();
+        match pair.as_slice() {
+            [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
+                o.separators = Some((a.to_string(), b.to_string()));
             }
+            _ => return Err(bad("separators: expected a pair of strings")),
         }
     }
     if let Some(v) = arg(3)? {

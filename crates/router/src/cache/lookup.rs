@@ -118,7 +118,11 @@ impl CacheBook {
         let mut block_sizes = Vec::with_capacity(n);
         let indexed = self.stream_blocks(targets, &mut l.sizes, &mut block_sizes);
         for (i, s) in l.sizes.iter_mut().enumerate() {
-            *s *= block_sizes[i];
+            // A size the router does not match says nothing it can use: the tree sizes that worker.
+            *s = match unmatched_reason(block_sizes[i]) {
+                None => s.saturating_mul(block_sizes[i]),
+                Some(_) => 0,
+            };
             l.approx[i] = match settings.source {
                 PrefixSource::Auto => !indexed[i],
                 PrefixSource::KvEvents => false,
@@ -335,7 +339,7 @@ mod tests {
         use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch, page_hashes};
         let book = CacheBook::default();
         let epoch = Instant::now();
-        let sizes = [1u64, 16, 64, 1 << 20];
+        let sizes = [1u64, 16, 64, 1 << 62];
         let ws: Vec<_> = sizes
             .iter()
             .map(|b| Arc::new(Worker::new(format!("http://w{b}"), 1, None, epoch)))
@@ -343,9 +347,14 @@ mod tests {
         let text = "y".repeat(4 * 200); // 200 tokens: 199 matchable
         let ids = loadlink_wire::tokenize::tokenize(&text);
         for (w, &b) in ws.iter().zip(&sizes) {
+<<<<<<< HEAD
             let (id, stats) = book.register(w, b, 1).remove(0);
             stats.set_view(crate::cache::View::Complete); // as after a snapshot
             let hashes = page_hashes(&ids, (b as usize).min(4096));
+=======
+            let id = book.register(w, b, 1)[0].0;
+            let hashes = page_hashes(&ids, if b > 64 { 1 } else { b as usize });
+>>>>>>> prompt
             let stored = KvEvent::Stored(BlockStored {
                 block_hashes: hashes,
                 block_size: b as i64,
@@ -387,13 +396,17 @@ mod tests {
             "the unmatched size is priced from the tree"
         );
         assert_eq!(
+            l.sizes[3], 0,
+            "and sized by it (its 200 indexed blocks are not trusted)"
+        );
+        assert_eq!(
             l.prompt.hashed_sizes().collect::<Vec<_>>(),
             [1, 16, 64],
             "hashed once per size among the candidates, the router's 16 shared with the tree"
         );
         let (v, _) = book.worker_json(&ws[3]);
         let why = v["not_indexed_reason"].as_str().unwrap();
-        assert!(why.contains("block_size 1048576"), "{why}");
+        assert!(why.contains("block_size 4611686018427387904"), "{why}");
         assert!(book.worker_json(&ws[0]).0["not_indexed_reason"].is_null());
     }
 }

@@ -8,15 +8,31 @@
 //! * **Full pages of all but the last token.** The engine must compute the last prompt token's
 //!   logits, so it never reuses it; and SGLang (`RadixKey::page_aligned`) stores, announces and
 //!   matches page-aligned keys only, so a shorter last page is never hashed here either.
-//! * The chain uses SGLang's page hashes (`loadlink_wire::kv_events::page_hashes`), so the same
+//! * The chain uses SGLang's page hashes (`loadlink_wire::kv_events::page_hashes`, computed at the
+//!   compression function by `chain_hash.rs` for speed), so the same
 //!   numbers key the KV index (the engines' announcements) and the approximate tree (what this
 //!   router sent). A body that is not a generation request, or that the engine would refuse, has
 //!   no chain: it is routed on load alone, and the engine answers the client's mistake itself.
 
+use super::chain_hash::page_hashes;
 use super::tokenizer::RouterTokenizer;
-use loadlink_wire::kv_events::page_hashes;
-use loadlink_wire::prompt::{PromptRoute, json_object, prompt_of};
+use loadlink_wire::prompt::{Prompt, PromptRoute, json_object, prompt_of};
 use smallvec::SmallVec;
+
+/// The token ids of the request at `path` with `body` under `tok` (a chat request through the
+/// model's chat template when it has one), or why it has none the router can price.
+pub fn prompt_ids(path: &str, body: &[u8], tok: &RouterTokenizer) -> Result<Vec<u32>, String> {
+    let route =
+        PromptRoute::of_path(path).ok_or_else(|| format!("{path}: not a generation route"))?;
+    let m = json_object(body)?;
+    let prompt = prompt_of(route, &m)?;
+    if let Prompt::Chat(_) = prompt
+        && let Some(ids) = tok.chat_request_ids(body)
+    {
+        return ids;
+    }
+    Ok(prompt.token_ids(tok))
+}
 
 /// What a cache-aware policy needs to know about one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,10 +48,7 @@ impl PromptChain {
     /// The request at `path` with `body` tokenized by `tok`, or `None` when it has no prompt to
     /// price.
     pub fn of_request(path: &str, body: &[u8], tok: &RouterTokenizer) -> Option<Self> {
-        let route = PromptRoute::of_path(path)?;
-        let m = json_object(body).ok()?;
-        let ids = prompt_of(route, &m).ok()?.token_ids(tok);
-        Some(Self::of_ids(ids))
+        prompt_ids(path, body, tok).ok().map(Self::of_ids)
     }
 
     /// A prompt of token ids `ids`.
@@ -82,6 +95,7 @@ impl PromptChain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loadlink_wire::kv_events::page_hashes;
     use loadlink_wire::tokenize::tokenize;
 
     #[test]

@@ -4,18 +4,26 @@
 //! * Without `--tokenizer`: the simulated engine's deterministic tokenizer and template
 //!   (`loadlink_wire::prompt::SimTokenizer`), exact for `loadlink engine`.
 //! * With `--tokenizer PATH` (a Hugging Face `tokenizer.json`, or the directory holding it): text is
-//!   encoded with the model's special tokens as the engine's tokenizer does; chat is rendered with
-//!   the `chat_template` of `tokenizer_config.json` beside it (Jinja, through minijinja with
-//!   Python-compatible string methods) and encoded without adding special tokens again, as
-//!   `apply_chat_template` does. A model without a template falls back to `role: content` lines:
-//!   self-consistent (the approximate tree still matches), but not the engine's ids.
+//!   encoded with the model's special tokens as the engine's tokenizer does. A chat request is
+//!   rendered by the model's chat template (`chat_template.jinja` beside it, else the
+//!   `chat_template` of `tokenizer_config.json`, as transformers loads them) in an environment set
+//!   up as transformers sets up its own (`chat_env.rs`), with the context SGLang builds from the
+//!   request (`chat_context.rs`: messages, tools, keyword arguments) and the tokenizer's named
+//!   special tokens, then encoded without adding special tokens again, as `apply_chat_template`
+//!   does. A request whose render fails or passes its bounds gets no ids: it is routed without a
+//!   cache key and counted ([`RouterTokenizer::unkeyed_chats`]). A model without a template falls
+//!   back to `role: content` lines: self-consistent (the approximate tree still matches), but not
+//!   the engine's ids.
 //!
 //! A tokenizer that cannot be loaded is a startup error naming the file and what was wrong.
 
+use super::chat_context::{ChatRequest, ContentFormat, bare_functions, chat_request};
+use super::chat_env::{chat_environment, render_bounded};
 use loadlink_wire::prompt::{ChatTurn, SimTokenizer, Tokenizer};
 use minijinja::Environment;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The tokenizer the router prices requests with.
 pub enum RouterTokenizer {
@@ -41,6 +49,25 @@ impl RouterTokenizer {
         match path {
             None => Ok(Self::default()),
             Some(p) => HfTokenizer::load(p).map(|t| RouterTokenizer::Hf(Box::new(t))),
+        }
+    }
+
+    /// The ids of the chat request `body` rendered by the model's chat template, when the
+    /// tokenizer has one (`None`: the request's messages are read the usual way). `Err` names why
+    /// the request has no ids the router can trust; it is counted.
+    pub fn chat_request_ids(&self, body: &[u8]) -> Option<Result<Vec<u32>, String>> {
+        match self {
+            RouterTokenizer::Hf(h) if h.chat.is_some() => Some(h.chat_request_ids(body)),
+            _ => None,
+        }
+    }
+
+    /// Chat requests routed without a cache key because their template render failed or passed
+    /// its bounds.
+    pub fn unkeyed_chats(&self) -> u64 {
+        match self {
+            RouterTokenizer::Hf(h) => h.unkeyed.load(Relaxed),
+            RouterTokenizer::Sim(_) => 0,
         }
     }
 
@@ -81,12 +108,27 @@ pub struct HfTokenizer {
     path: PathBuf,
     tok: tokenizers::Tokenizer,
     chat: Option<ChatTemplate>,
+    unkeyed: AtomicU64,
 }
+
+/// The named special tokens transformers passes every template (`special_tokens_map`).
+const SPECIAL_TOKENS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 struct ChatTemplate {
     env: Environment<'static>,
-    bos: String,
-    eos: String,
+    /// Whether a `tool_use` template exists (transformers renders requests with tools with it).
+    tool_use: bool,
+    format: ContentFormat,
+    /// The special tokens set in `tokenizer_config.json`, by name.
+    specials: Vec<(&'static str, String)>,
 }
 
 impl HfTokenizer {
@@ -105,15 +147,39 @@ impl HfTokenizer {
             )
         })?;
         let config = file.with_file_name("tokenizer_config.json");
+        let jinja = file.with_file_name("chat_template.jinja");
+        let own_file = match std::fs::read_to_string(&jinja) {
+            Ok(source) => Some(source),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("{}: {e}", jinja.display())),
+        };
         let chat = match std::fs::read(&config) {
-            Ok(body) => ChatTemplate::from_config(&config, &body)?,
-            Err(_) => None,
+            Ok(body) => ChatTemplate::from_config(&config, &body, own_file)?,
+            Err(_) => ChatTemplate::from_config(&config, b"{}", own_file)?,
         };
         Ok(HfTokenizer {
             path: file,
             tok,
             chat,
+            unkeyed: AtomicU64::new(0),
         })
+    }
+
+    fn chat_request_ids(&self, body: &[u8]) -> Result<Vec<u32>, String> {
+        let t = self.chat.as_ref().ok_or("no chat template")?;
+        let rendered = chat_request(body, t.format).and_then(|r| t.render_request(&r));
+        match rendered {
+            Ok(text) => {
+                let mut out = Vec::new();
+                self.encode_into(&text, false, &mut out);
+                Ok(out)
+            }
+            Err(e) => {
+                self.unkeyed.fetch_add(1, Relaxed);
+                tracing::debug!(reason = %e, "chat request routed without a cache key");
+                Err(e)
+            }
+        }
     }
 
     fn encode_into(&self, text: &str, special: bool, out: &mut Vec<u32>) {
@@ -141,67 +207,128 @@ impl HfTokenizer {
     }
 }
 
-/// A special token as `tokenizer_config.json` writes it: a string or `{"content": ...}`.
-fn special_token(config: &Value, key: &str) -> String {
+/// A special token as `tokenizer_config.json` writes it: a string or `{"content": ...}`; `None`
+/// when unset (transformers leaves unset tokens out of the template's arguments).
+fn special_token(config: &Value, key: &str) -> Option<String> {
     match config.get(key) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        _ => String::new(),
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
     }
 }
 
 impl ChatTemplate {
-    fn from_config(path: &Path, body: &[u8]) -> Result<Option<Self>, String> {
+    /// The chat template of `config` (the body of `tokenizer_config.json` at `path`), or of
+    /// `own_file` (`chat_template.jinja`), which takes priority as in transformers.
+    fn from_config(
+        path: &Path,
+        body: &[u8],
+        own_file: Option<String>,
+    ) -> Result<Option<Self>, String> {
         let bad = |what: String| format!("{}: {what}", path.display());
         let config: Value =
             serde_json::from_slice(body).map_err(|e| bad(format!("not valid JSON ({e})")))?;
-        let source = match config.get("chat_template") {
-            None | Some(Value::Null) => return Ok(None),
-            Some(Value::String(s)) => s.clone(),
-            // The list form: named templates; the "default" one renders chat.
-            Some(Value::Array(list)) => list
+        let templates: Vec<(String, String)> = match (own_file, config.get("chat_template")) {
+            (Some(source), _) => vec![("default".into(), source)],
+            (None, None | Some(Value::Null)) => return Ok(None),
+            (None, Some(Value::String(s))) => vec![("default".into(), s.clone())],
+            // The list form: named templates; "default" renders chat, "tool_use" chat with tools.
+            (None, Some(Value::Array(list))) => list
                 .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|t| t.get("template").and_then(Value::as_str))
-                .ok_or_else(|| bad("chat_template: a list without a \"default\" entry".into()))?
-                .to_string(),
-            Some(v) => return Err(bad(format!("chat_template: expected a string, got {v}"))),
+                .filter_map(|t| {
+                    let name = t.get("name")?.as_str()?;
+                    Some((name.to_string(), t.get("template")?.as_str()?.to_string()))
+                })
+                .collect(),
+            (None, Some(v)) => {
+                return Err(bad(format!("chat_template: expected a string, got {v}")));
+            }
         };
-        let mut env = Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, _> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                msg,
-            ))
-        });
-        env.add_template_owned("chat", source)
+        if !templates.iter().any(|(n, _)| n == "default") {
+            return Err(bad(
+                "chat_template: a list without a \"default\" entry".into()
+            ));
+        }
+        let format = ContentFormat::of_template(
+            templates
+                .iter()
+                .find(|(n, _)| n == "default")
+                .map_or("", |(_, s)| s.as_str()),
+        );
+        let tool_use = templates.iter().any(|(n, _)| n == "tool_use");
+        let env = chat_environment(templates)
             .map_err(|e| bad(format!("chat_template does not compile: {e}")))?;
+        let specials = SPECIAL_TOKENS
+            .iter()
+            .filter_map(|k| special_token(&config, k).map(|v| (*k, v)))
+            .collect();
         Ok(Some(ChatTemplate {
             env,
-            bos: special_token(&config, "bos_token"),
-            eos: special_token(&config, "eos_token"),
+            tool_use,
+            format,
+            specials,
         }))
     }
 
-    /// The rendered prompt; `None` when the template refuses these messages.
+    /// `turns` rendered with nothing but roles and contents; `None` when the template refuses.
     fn render(&self, turns: &[ChatTurn<'_>]) -> Option<String> {
-        let messages: Vec<Value> = turns
+        let messages: Vec<minijinja::Value> = turns
             .iter()
-            .map(|t| serde_json::json!({ "role": t.role, "content": t.content }))
+            .map(|t| {
+                minijinja::Value::from_iter([
+                    ("role", minijinja::Value::from(t.role)),
+                    ("content", minijinja::Value::from(t.content.as_ref())),
+                ])
+            })
             .collect();
-        let ctx = minijinja::context! {
-            messages => minijinja::Value::from_serialize(&messages),
-            add_generation_prompt => true,
-            bos_token => self.bos.as_str(),
-            eos_token => self.eos.as_str(),
+        let r = ChatRequest {
+            messages: minijinja::Value::from(messages),
+            tools: None,
+            kwargs: Vec::new(),
         };
-        self.env.get_template("chat").ok()?.render(ctx).ok()
+        self.render_request(&r).ok()
+    }
+
+    /// The prompt `r` renders to, as `apply_chat_template(messages, tools=…,
+    /// add_generation_prompt=True, **kwargs)` renders it (retried with bare functions as tools
+    /// when the template fails on the wrapped ones, as SGLang retries).
+    fn render_request(&self, r: &ChatRequest) -> Result<String, String> {
+        let name = if r.tools.is_some() && self.tool_use {
+            "tool_use"
+        } else {
+            "default"
+        };
+        let first = self.render_with(name, r, r.tools.clone());
+        match (&first, &r.tools) {
+            (Err(_), Some(tools)) => self
+                .render_with(name, r, Some(bare_functions(tools)))
+                .map_err(|e| format!("the chat template failed: {e}")),
+            _ => first.map_err(|e| format!("the chat template failed: {e}")),
+        }
+    }
+
+    fn render_with(
+        &self,
+        name: &str,
+        r: &ChatRequest,
+        tools: Option<Vec<minijinja::Value>>,
+    ) -> Result<String, minijinja::Error> {
+        use minijinja::Value as V;
+        let mut ctx: Vec<(String, V)> = Vec::with_capacity(8 + r.kwargs.len());
+        // transformers: `template_kwargs = {**special_tokens_map, **kwargs}`, then
+        // `render(messages=…, tools=…, documents=…, add_generation_prompt=…, **template_kwargs)`.
+        for (k, v) in &self.specials {
+            ctx.push((k.to_string(), V::from(v.as_str())));
+        }
+        for (k, v) in &r.kwargs {
+            ctx.retain(|(n, _)| n != k);
+            ctx.push((k.clone(), v.clone()));
+        }
+        ctx.push(("messages".into(), r.messages.clone()));
+        ctx.push(("tools".into(), tools.map_or(V::from(()), V::from)));
+        ctx.push(("documents".into(), V::from(())));
+        ctx.push(("add_generation_prompt".into(), V::from(true)));
+        render_bounded(&self.env, name, V::from_iter(ctx))
     }
 }
 
@@ -292,5 +419,41 @@ mod tests {
             e.contains("tokenizer_config.json") && e.contains("does not compile"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn chat_requests_render_with_the_template_file_tools_and_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        saved_tokenizer(dir.path());
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"bos_token":"<s>","chat_template":"ignored: the .jinja file wins"}"#,
+        )
+        .unwrap();
+        // Indented for reading, as published templates are: trim/lstrip blocks remove it.
+        std::fs::write(
+            dir.path().join("chat_template.jinja"),
+            "{{ bos_token }}\n{% for m in messages %}\n    {{ m.role }} : {{ m.content }} |\n{% endfor %}\n{% if tools %}{{ raise_exception('tools: ' ~ (tools | tojson)) }}{% endif %}\n",
+        )
+        .unwrap();
+        let t = RouterTokenizer::load(Some(dir.path())).unwrap();
+        let body = br#"{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]}"#;
+        assert_eq!(
+            t.chat_request_ids(body).unwrap().unwrap(),
+            [1, 4, 6, 2, 7, 4, 6, 3, 7],
+            "<s> user : hello | user : world | (a last assistant turn renders as the user's)"
+        );
+        assert_eq!(t.unkeyed_chats(), 0);
+        let tools = br#"{"messages": [{"role": "user", "content": "hello"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+        let e = t.chat_request_ids(tools).unwrap().unwrap_err();
+        assert!(
+            e.contains(r#"tools: [{"name": "f", "description": null, "parameters": null}]"#),
+            "retried with bare functions: {e}"
+        );
+        assert_eq!(t.unkeyed_chats(), 1, "a failed render is counted");
+        let image = br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}"#;
+        assert!(t.chat_request_ids(image).unwrap().is_err());
+        assert_eq!(t.unkeyed_chats(), 2);
+        assert!(RouterTokenizer::default().chat_request_ids(body).is_none());
     }
 }
