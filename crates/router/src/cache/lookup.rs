@@ -347,14 +347,9 @@ mod tests {
         let text = "y".repeat(4 * 200); // 200 tokens: 199 matchable
         let ids = loadlink_wire::tokenize::tokenize(&text);
         for (w, &b) in ws.iter().zip(&sizes) {
-<<<<<<< HEAD
             let (id, stats) = book.register(w, b, 1).remove(0);
             stats.set_view(crate::cache::View::Complete); // as after a snapshot
-            let hashes = page_hashes(&ids, (b as usize).min(4096));
-=======
-            let id = book.register(w, b, 1)[0].0;
             let hashes = page_hashes(&ids, if b > 64 { 1 } else { b as usize });
->>>>>>> prompt
             let stored = KvEvent::Stored(BlockStored {
                 block_hashes: hashes,
                 block_size: b as i64,
