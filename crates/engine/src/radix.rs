@@ -21,8 +21,8 @@
 //!
 //! Pure: no clock (recency is a counter), no I/O. The owner drains [`PrefixCache::take_events`].
 
-use loadlink_publish::CutPage;
 use crate::host_tier::{HOST_MEDIUM, HostTier};
+use loadlink_publish::CutPage;
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent, block_hash, page_digest};
 use std::collections::{BTreeSet, HashMap};
 

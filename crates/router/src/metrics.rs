@@ -348,6 +348,12 @@ pub fn render(st: &AppState) -> String {
         None => crate::ingest::stats::IngestStats::default().write(&mut e),
     }
     st.cache.write_metrics(&mut e, &workers);
+    e.single(
+        "loadlink_chat_unkeyed_total",
+        MetricType::Counter,
+        "Chat requests routed without a cache key: their chat template failed to render or passed its bounds (--tokenizer)",
+        st.prefix.tokenizer.unkeyed_chats(),
+    );
     write_control(&mut e, st);
     e.finish()
 }

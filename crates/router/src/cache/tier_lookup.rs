@@ -118,10 +118,11 @@ mod tests {
             ..Default::default()
         };
         let body = serde_json::json!({ "prompt": "y".repeat(4 * 4 * 6) }).to_string();
-        let chain = PromptChain::of_request("/v1/completions", body.as_bytes(), &settings.tokenizer)
-            .unwrap()
-            .chain(4)
-            .to_vec();
+        let chain =
+            PromptChain::of_request("/v1/completions", body.as_bytes(), &settings.tokenizer)
+                .unwrap()
+                .chain(4)
+                .to_vec();
         let h = &chain[..4];
         let ids: Vec<_> = ws
             .iter()
