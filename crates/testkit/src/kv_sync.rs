@@ -51,21 +51,10 @@ pub async fn kv_engine(tweak: impl FnOnce(&mut EngineConfig)) -> KvEngine {
 
 /// The engine's own cache per rank (`GET /cache_blocks`), each sorted.
 pub async fn engine_blocks(c: &reqwest::Client, engine_url: &str) -> Vec<Vec<i64>> {
-    let v = get_json(c, &format!("{engine_url}/cache_blocks")).await;
-    v["ranks"]
-        .as_array()
-        .expect("a ranks array")
-        .iter()
-        .map(|r| {
-            let mut b: Vec<i64> = r["blocks"]
-                .as_array()
-                .expect("a blocks array")
-                .iter()
-                .map(|h| h.as_i64().expect("an i64 hash"))
-                .collect();
-            b.sort_unstable();
-            b
-        })
+    engine_cut(c, engine_url)
+        .await
+        .into_iter()
+        .map(|(_, blocks)| blocks)
         .collect()
 }
 

@@ -217,6 +217,24 @@ mod tests {
     use std::sync::Arc;
     use std::time::Instant;
 
+    /// `book`'s lookup of a completion of `text` against every worker of `ws`, whole.
+    fn look(
+        book: &CacheBook,
+        settings: &PrefixSettings,
+        text: &str,
+        ws: &[Arc<Worker>],
+        now_ms: u64,
+    ) -> Lookup {
+        book.lookup(
+            settings,
+            "/v1/completions",
+            &body(text),
+            Candidates::whole(ws),
+            now_ms,
+        )
+        .unwrap()
+    }
+
     fn body(text: &str) -> Vec<u8> {
         serde_json::json!({ "prompt": text })
             .to_string()
@@ -236,72 +254,32 @@ mod tests {
             ..Default::default()
         };
         let text = "x".repeat(4 * 4 * 10); // 40 tokens: 9 full pages of what is matched
-        let l = book
-            .lookup(
-                &settings,
-                "/v1/completions",
-                &body(&text),
-                Candidates::whole(&ws),
-                1,
-            )
-            .unwrap();
+        let l = look(&book, &settings, &text, &ws, 1);
         assert_eq!(
             (l.prompt.prompt_tokens, l.cached.as_slice()),
             (40, &[0, 0][..])
         );
         book.record_dispatch(&l, Candidates::whole(&ws), 1, 1);
-        let again = book
-            .lookup(
-                &settings,
-                "/v1/completions",
-                &body(&text),
-                Candidates::whole(&ws),
-                2,
-            )
-            .unwrap();
+        let again = look(&book, &settings, &text, &ws, 2);
         assert_eq!(again.cached, [0, 36], "b holds what it was sent");
         assert_eq!(again.sizes, [0, 36]);
         let kv_only = PrefixSettings {
             source: PrefixSource::KvEvents,
             ..settings
         };
-        let blind = book
-            .lookup(
-                &kv_only,
-                "/v1/completions",
-                &body(&text),
-                Candidates::whole(&ws),
-                3,
-            )
-            .unwrap();
+        let blind = look(&book, &kv_only, &text, &ws, 3);
         assert_eq!(blind.cached, [0, 0], "no stream, no KV knowledge");
         let sent = PrefixSettings {
             sizes_from_sent: true,
             ..kv_only
         };
-        let l = book
-            .lookup(
-                &sent,
-                "/v1/completions",
-                &body(&text),
-                Candidates::whole(&ws),
-                3,
-            )
-            .unwrap();
+        let l = look(&book, &sent, &text, &ws, 3);
         assert_eq!(
             (l.cached.as_slice(), l.sizes.as_slice()),
             (&[0, 0][..], &[0, 36][..])
         );
         book.record_dispatch(&l, Candidates::whole(&ws), 0, 3);
-        let l = book
-            .lookup(
-                &sent,
-                "/v1/completions",
-                &body(&text),
-                Candidates::whole(&ws),
-                3,
-            )
-            .unwrap();
+        let l = look(&book, &sent, &text, &ws, 3);
         assert_eq!(
             l.sizes,
             [36, 36],
@@ -366,15 +344,7 @@ mod tests {
             page_size: 16,
             ..Default::default()
         };
-        let l = book
-            .lookup(
-                &settings,
-                "/v1/completions",
-                &body(&text),
-                Candidates::whole(&ws),
-                1,
-            )
-            .unwrap();
+        let l = look(&book, &settings, &text, &ws, 1);
         assert_eq!(
             l.cached,
             [199, 192, 192, 0],
