@@ -39,7 +39,6 @@ use loadlink_wire::kv_events::{BlockStored, KvEvent, KvEventBatch};
 use loadlink_wire::kv_snapshot::SnapshotRecord;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -89,7 +88,7 @@ pub(crate) struct Inner {
     /// Live stream ids → index slots.
     streams: IdMap<Slot, Slot>,
     free: Vec<Slot>,
-    next_slot: Slot,
+    pub(crate) next_slot: Slot,
     next_id: Slot,
     /// Workers without a stream, by URL, with why.
     pub(crate) no_stream: HashMap<String, String>,
@@ -101,17 +100,6 @@ pub struct CacheBook {
     pub counters: CacheCounters,
     /// What this router sent to workers priced from the approximate tree (see `lookup.rs`).
     pub(crate) approx: ApproxSlots,
-}
-
-/// Reused buffers of [`CacheBook::cached_tokens`], one set per thread.
-#[derive(Default)]
-struct Scratch {
-    matches: Vec<(Slot, u32)>,
-    depth: Vec<u32>,
-}
-
-thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 impl Default for CacheBook {
@@ -399,89 +387,6 @@ impl CacheBook {
         }
     }
 
-    /// For each candidate (in order), how many of the request's prompt tokens are cached there: the
-    /// longest run of `chain` (the prompt's page hashes, `page_size` tokens each) held by its rank
-    /// (a whole worker: by any of its ranks), in tokens; 0 without a stream or when its worker
-    /// pages by another size. `out` is overwritten; steady state allocates nothing.
-    pub fn cached_tokens(
-        &self,
-        targets: Candidates<'_>,
-        chain: &[i64],
-        page_size: u64,
-        out: &mut Vec<u64>,
-    ) {
-        out.clear();
-        out.resize(targets.len(), 0);
-        self.cached_tokens_at(targets, chain, page_size, out);
-    }
-
-    /// [`CacheBook::cached_tokens`] for the candidates whose worker advertises `page_size` only:
-    /// their entries of `out` (sized to `targets`) are written, the others left as they are, so
-    /// one call per block size in the fleet fills every candidate.
-    pub fn cached_tokens_at(
-        &self,
-        targets: Candidates<'_>,
-        chain: &[i64],
-        page_size: u64,
-        out: &mut [u64],
-    ) {
-        if chain.is_empty() || targets.is_empty() || out.len() != targets.len() {
-            return;
-        }
-        let g = self.read();
-        SCRATCH.with(|s| {
-            let s = &mut *s.borrow_mut();
-            g.index.match_into(chain, &mut s.matches);
-            if s.matches.is_empty() {
-                return;
-            }
-            if s.depth.len() < g.next_slot as usize {
-                s.depth.resize(g.next_slot as usize, 0);
-            }
-            for &(slot, held) in &s.matches {
-                if let Some(d) = s.depth.get_mut(slot as usize) {
-                    *d = held;
-                }
-            }
-            // Candidates of one worker sit together: look its entry up once.
-            let mut entry: Option<(u32, Option<&WorkerEntry>)> = None;
-            for (i, o) in out.iter_mut().enumerate() {
-                let c = targets.get(i);
-                let e = match entry {
-                    Some((w, e)) if w == c.worker => e,
-                    _ => {
-                        let w = &targets.workers()[c.worker as usize];
-                        let e = g.workers.get(&key(w));
-                        entry = Some((c.worker, e));
-                        e
-                    }
-                };
-                let Some(e) = e.filter(|e| e.block_size == page_size) else {
-                    continue;
-                };
-                let held = match c.rank {
-                    // Rank r's stream sits at index r ([`CacheBook::register`] gives ranks 0..n).
-                    Some(r) => e
-                        .ranks
-                        .get(r as usize)
-                        .map_or(0, |re| s.depth[re.slot as usize]),
-                    None => e
-                        .ranks
-                        .iter()
-                        .map(|re| s.depth[re.slot as usize])
-                        .max()
-                        .unwrap_or(0),
-                };
-                *o = u64::from(held) * page_size;
-            }
-            for &(slot, _) in &s.matches {
-                if let Some(d) = s.depth.get_mut(slot as usize) {
-                    *d = 0;
-                }
-            }
-        });
-    }
-
     /// The blocks the index holds for `url`'s rank `rank` (`None`: no such stream). For tests and
     /// debugging; O(the slot's blocks).
     pub fn rank_blocks(&self, url: &str, rank: u32) -> Option<Vec<i64>> {
@@ -521,129 +426,5 @@ fn owner(g: &Inner, slot: Slot) -> Option<(Arc<Worker>, u32)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::candidate::Candidate;
-    use loadlink_wire::kv_events::{BlockRemoved, BlockStored};
-    use std::time::Instant;
-
-    fn worker(url: &str) -> Arc<Worker> {
-        Arc::new(Worker::new(url.into(), 1, None, Instant::now()))
-    }
-
-    fn batch(events: Vec<KvEvent>) -> KvEventBatch {
-        KvEventBatch {
-            ts: 0.0,
-            events,
-            attn_dp_rank: None,
-        }
-    }
-
-    fn stored(h: &[i64]) -> KvEvent {
-        KvEvent::Stored(BlockStored {
-            block_hashes: h.to_vec(),
-            block_size: 4,
-            ..Default::default()
-        })
-    }
-
-    #[test]
-    fn cached_tokens_per_worker_in_order_max_over_ranks() {
-        let book = CacheBook::new(100);
-        let (a, b, c) = (
-            worker("http://a:1"),
-            worker("http://b:1"),
-            worker("http://c:1"),
-        );
-        let sa = book.register(&a, 4, 2);
-        let sb = book.register(&b, 4, 1);
-        book.apply(sa[0].0, &batch(vec![stored(&[1, 2])]));
-        book.apply(sa[1].0, &batch(vec![stored(&[1, 2, 3])]));
-        book.apply(sb[0].0, &batch(vec![stored(&[1])]));
-        let mut out = Vec::new();
-        let ws = [c.clone(), b.clone(), a.clone()];
-        book.cached_tokens(Candidates::whole(&ws), &[1, 2, 3, 4], 4, &mut out);
-        assert_eq!(out, [0, 4, 12]);
-        let ranked = [
-            Candidate {
-                worker: 2,
-                rank: Some(0),
-            },
-            Candidate {
-                worker: 2,
-                rank: Some(1),
-            },
-            Candidate {
-                worker: 1,
-                rank: None,
-            },
-        ];
-        book.cached_tokens(Candidates::listed(&ws, &ranked), &[1, 2, 3, 4], 4, &mut out);
-        assert_eq!(
-            out,
-            [8, 12, 4],
-            "a rank candidate holds what its rank holds"
-        );
-        let removed = KvEvent::Removed(BlockRemoved {
-            block_hashes: vec![3],
-            medium: None,
-        });
-        book.apply(sa[1].0, &batch(vec![removed]));
-        book.cached_tokens(
-            Candidates::whole(std::slice::from_ref(&a)),
-            &[1, 2, 3, 4],
-            4,
-            &mut out,
-        );
-        assert_eq!(out, [8]);
-        assert_eq!(book.counters.events[1].load(Relaxed), 1);
-        book.cached_tokens(
-            Candidates::whole(&[a.clone(), b.clone()]),
-            &[9],
-            4,
-            &mut out,
-        );
-        assert_eq!(out, [0, 0], "no holder of the root: nothing cached");
-    }
-
-    #[test]
-    fn removing_a_worker_clears_its_slots_and_retires_its_stream_ids() {
-        let book = CacheBook::new(100);
-        let (a, b) = (worker("http://a:1"), worker("http://b:1"));
-        let sa = book.register(&a, 4, 1);
-        book.apply(sa[0].0, &batch(vec![stored(&[1, 2])]));
-        assert_eq!(book.blocks(), 2);
-        book.unregister(&a);
-        assert_eq!(book.blocks(), 0);
-        let sb = book.register(&b, 4, 1);
-        assert_ne!(sb[0].0, sa[0].0, "a stream id is never given out twice");
-        book.apply(sa[0].0, &batch(vec![stored(&[1, 2])]));
-        assert_eq!(
-            book.blocks(),
-            0,
-            "a removed stream's late batch lands nowhere"
-        );
-        let mut out = Vec::new();
-        book.cached_tokens(Candidates::whole(&[a, b]), &[1, 2], 4, &mut out);
-        assert_eq!(out, [0, 0]);
-        assert_eq!(book.rank_blocks("http://b:1", 0), Some(vec![]));
-        assert_eq!(book.rank_blocks("http://a:1", 0), None);
-        assert_eq!(book.read().next_slot, 1, "the index slot itself is reused");
-    }
-
-    #[test]
-    fn resync_clears_and_may_mark_stale() {
-        let book = CacheBook::new(100);
-        let a = worker("http://a:1");
-        let s = book.register(&a, 4, 1)[0].0;
-        book.apply(s, &batch(vec![stored(&[1, 2])]));
-        book.resync(s, ResyncReason::GapNotCovered, true);
-        assert_eq!(book.blocks(), 0);
-        let slot = book.read().streams[&s];
-        assert!(book.read().index.slot_stats(slot).needs_resync);
-        assert_eq!(
-            book.counters.resyncs[ResyncReason::GapNotCovered as usize].load(Relaxed),
-            1
-        );
-    }
-}
+#[path = "book_tests.rs"]
+mod tests;

@@ -29,6 +29,7 @@ mod chat_env;
 mod id_hash;
 pub mod index;
 pub mod lookup;
+mod prefix_match;
 mod py_json;
 mod report;
 pub mod request;
