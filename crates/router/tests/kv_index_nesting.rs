@@ -140,13 +140,13 @@ fn step() -> impl Strategy<Value = Step> {
     let slot = 0..SLOTS;
     let pick = any::<usize>();
     prop_oneof![
-        6 => (slot.clone(), pick.clone(), 1..5usize)
+        6 => (slot.clone(), pick, 1..5usize)
             .prop_map(|(slot, pick, len)| Step::Store { slot, pick, len }),
-        3 => (slot.clone(), pick.clone(), 1..4usize)
+        3 => (slot.clone(), pick, 1..4usize)
             .prop_map(|(slot, pick, count)| Step::Remove { slot, pick, count }),
-        2 => (slot.clone(), pick.clone()).prop_map(|(slot, pick)| Step::HostStore { slot, pick }),
-        3 => (slot.clone(), pick.clone()).prop_map(|(slot, pick)| Step::Demote { slot, pick }),
-        2 => (slot.clone(), pick.clone()).prop_map(|(slot, pick)| Step::EvictHost { slot, pick }),
+        2 => (slot.clone(), pick).prop_map(|(slot, pick)| Step::HostStore { slot, pick }),
+        3 => (slot.clone(), pick).prop_map(|(slot, pick)| Step::Demote { slot, pick }),
+        2 => (slot.clone(), pick).prop_map(|(slot, pick)| Step::EvictHost { slot, pick }),
         2 => (slot.clone(), pick, 1..4usize)
             .prop_map(|(slot, pick, len)| Step::LoadBack { slot, pick, len }),
         1 => slot.clone().prop_map(|slot| Step::Clear { slot }),
