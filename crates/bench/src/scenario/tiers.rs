@@ -4,12 +4,17 @@
 //! hit. Three fleets on the same arrivals:
 //!
 //! * **no host tier**: today's engine; an evicted session is recomputed wherever it goes;
-//! * **host tier, tier-blind**: `min_ttft` on the KV index, pricing a host-tier hit as free (as a
-//!   router that records `medium` but ignores it does);
+//! * **host tier, miss**: `min_ttft` on the KV index, pricing a host-tier hit as a miss (as a
+//!   router that indexes the device tier only believes: the complaint of SGLang #39108);
+//! * **host tier, tier-blind**: the same, pricing it as free (as a router that records `medium`
+//!   but ignores it does);
 //! * **host tier, tier-aware**: the same, pricing it at its load-back time;
+//! * `cache_aware` on the index (which counts any-tier hits as hits) for reference;
+//! * and a **slow host tier** (a disk or remote tier: 15k tokens/s, hardly faster than the 10k
+//!   tokens/s prefill), tier-blind and tier-aware, where a free host hit is furthest from the
+//!   truth.
 //!
-//! plus `cache_aware` on the index (which counts any-tier hits as hits) for reference. Reported:
-//! the hit rate per tier (device hits, host-tier hits loaded back), and TTFT.
+//! Reported: the hit rate per tier (device hits, host-tier hits loaded back), and TTFT.
 
 use super::{MIN_TTFT, Scenario, Variant, Workload, arrivals, run_arrivals, variant};
 use crate::report::Row;
@@ -17,7 +22,7 @@ use crate::report::row_json;
 use crate::sim::{CacheView, Outcome, SimRouter, quantile};
 use crate::workload::{ChatSessions, Len, Shape};
 use loadlink_engine::PublishPoint;
-use loadlink_engine::host_tier::HostTierConfig;
+use loadlink_engine::host_tier::{DEFAULT_LOAD_TOKENS_PER_S, HostTierConfig};
 use loadlink_engine::model::ModelConfig;
 use loadlink_router::policy::{CacheAware, MinTtft, TierPricing};
 use loadlink_router::{LoadSignal, Policy};
@@ -78,25 +83,36 @@ const fn min_ttft(tier_pricing: TierPricing) -> Policy {
     Policy::MinTtft(MinTtft { tier_pricing, ..p })
 }
 
-/// One row: whether the engines have a host tier, and the router.
+/// A slow host tier's load-back rate, tokens/s (a disk or remote tier).
+pub const SLOW_LOAD_TOKENS_PER_S: f64 = 15_000.0;
+
+/// One row: the engines' host tier (`None`: none; else its load rate, which the router knows as
+/// if advertised), and the router.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TierVariant {
-    pub host_tier: bool,
+    pub host_tier: Option<f64>,
     pub router: Variant,
 }
 
 impl TierVariant {
     pub fn label(&self) -> String {
-        let fleet = if self.host_tier {
-            "host tier"
-        } else {
-            "no host tier"
+        let fleet = match self.host_tier {
+            None => "no host tier".to_string(),
+            Some(r) if r == DEFAULT_LOAD_TOKENS_PER_S => "host tier".to_string(),
+            Some(r) => format!("slow host tier ({}k/s)", r / 1e3),
         };
         format!("{fleet} · {}", self.router.label)
     }
 }
 
-const fn row(host_tier: bool, label: &'static str, policy: Policy) -> TierVariant {
+const fn row(host_tier: Option<f64>, label: &'static str, policy: Policy) -> TierVariant {
+    let policy = match (policy, host_tier) {
+        (Policy::MinTtft(p), Some(rate)) => Policy::MinTtft(MinTtft {
+            host_load_tokens_per_s: rate,
+            ..p
+        }),
+        (p, _) => p,
+    };
     TierVariant {
         host_tier,
         router: variant(
@@ -108,11 +124,14 @@ const fn row(host_tier: bool, label: &'static str, policy: Policy) -> TierVarian
     }
 }
 
+const FAST: Option<f64> = Some(DEFAULT_LOAD_TOKENS_PER_S);
+const SLOW: Option<f64> = Some(SLOW_LOAD_TOKENS_PER_S);
+
 /// The comparison's rows, in report order.
-pub const TIER_VARIANTS: [TierVariant; 4] = [
-    row(false, "min_ttft", MIN_TTFT),
+pub const TIER_VARIANTS: [TierVariant; 7] = [
+    row(None, "min_ttft", MIN_TTFT),
     row(
-        true,
+        FAST,
         "cache_aware",
         Policy::CacheAware(CacheAware {
             cache_threshold: 0.3,
@@ -120,8 +139,11 @@ pub const TIER_VARIANTS: [TierVariant; 4] = [
             balance_rel_threshold: 1.5,
         }),
     ),
-    row(true, "min_ttft tier-blind", min_ttft(TierPricing::Blind)),
-    row(true, "min_ttft tier-aware", min_ttft(TierPricing::Aware)),
+    row(FAST, "min_ttft miss", min_ttft(TierPricing::Miss)),
+    row(FAST, "min_ttft tier-blind", min_ttft(TierPricing::Blind)),
+    row(FAST, "min_ttft tier-aware", min_ttft(TierPricing::Aware)),
+    row(SLOW, "min_ttft tier-blind", min_ttft(TierPricing::Blind)),
+    row(SLOW, "min_ttft tier-aware", min_ttft(TierPricing::Aware)),
 ];
 
 /// One row's result.
@@ -130,17 +152,29 @@ pub struct TierRow {
     pub outcome: Outcome,
 }
 
-/// Every row on the same arrivals (calibrated on the fleet as given); `progress` hears each
-/// row's label before it runs.
+/// Every row of [`TIER_VARIANTS`] on the same arrivals (calibrated on the fleet as given);
+/// `progress` hears each row's label before it runs.
 pub fn comparison(s: &Scenario, seed: u64, load: f64, progress: impl Fn(&str)) -> Vec<TierRow> {
+    rows_of(&TIER_VARIANTS, s, seed, load, progress)
+}
+
+/// [`comparison`] of the rows `variants`.
+pub fn rows_of(
+    variants: &[TierVariant],
+    s: &Scenario,
+    seed: u64,
+    load: f64,
+    progress: impl Fn(&str),
+) -> Vec<TierRow> {
     let arrivals = arrivals(s, seed, load);
-    TIER_VARIANTS
+    variants
         .iter()
         .map(|&v| {
             progress(&v.label());
             let mut fleet = s.clone();
-            if !v.host_tier {
-                fleet.model.host_tier.tokens = 0;
+            match v.host_tier {
+                None => fleet.model.host_tier.tokens = 0,
+                Some(rate) => fleet.model.host_tier.load_tokens_per_s = rate,
             }
             let (outcome, _) = run_arrivals(&fleet, &arrivals, &v.router);
             TierRow {
@@ -186,7 +220,8 @@ pub fn rows_json(rows: &[TierRow], load: f64) -> Vec<Value> {
             };
             let mut v = row_json(&row);
             let (d, h) = r.outcome.tier_hit_rates().unwrap_or((f64::NAN, f64::NAN));
-            v["host_tier"] = json!(r.variant.host_tier);
+            v["host_tier"] = json!(r.variant.host_tier.is_some());
+            v["host_load_tokens_per_s"] = json!(r.variant.host_tier);
             v["device_hit_rate"] = json!(d);
             v["host_hit_rate"] = json!(h);
             v["loaded_back_tokens"] = json!(r.outcome.loaded_back_tokens);
@@ -202,17 +237,22 @@ mod tests {
     #[test]
     fn idle_sessions_come_back_from_the_host_and_tier_pricing_changes_the_route() {
         let mut s = scenario();
-        s.duration_s = 150.0;
-        let rows = comparison(&s, 1, s.load, |_| {});
+        s.duration_s = 90.0;
+        let some = [TIER_VARIANTS[0], TIER_VARIANTS[3], TIER_VARIANTS[4]];
+        let rows = rows_of(&some, &s, 1, s.load, |_| {});
+        let (blind, aware) = (1, 2);
         let rate = |i: usize| rows[i].outcome.tier_hit_rates().unwrap();
         assert_eq!(rate(0).1, 0.0, "no host tier: no host hits");
-        assert!(rate(3).1 > 0.0, "sessions were loaded back from the host");
         assert!(
-            rate(3).0 + rate(3).1 > rate(0).0,
+            rate(aware).1 > 0.0,
+            "sessions were loaded back from the host"
+        );
+        assert!(
+            rate(aware).0 + rate(aware).1 > rate(0).0,
             "a host tier raises the any-tier hit rate"
         );
         assert_ne!(
-            rows[2].outcome.ttft, rows[3].outcome.ttft,
+            rows[blind].outcome.ttft, rows[aware].outcome.ttft,
             "blind and aware pricing route differently"
         );
     }
