@@ -188,7 +188,7 @@ pub fn rows_of(
 /// The table: hit rate per tier and TTFT per row.
 pub fn table(rows: &[TierRow]) -> String {
     let mut t = format!(
-        "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "{:<48} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "fleet · router", "device %", "host %", "TTFT p50", "TTFT p90", "TTFT p99", "done"
     );
     for r in rows {
@@ -196,7 +196,7 @@ pub fn table(rows: &[TierRow]) -> String {
         let (d, h) = o.tier_hit_rates().unwrap_or((f64::NAN, f64::NAN));
         let _ = writeln!(
             t,
-            "{:<36} {:>9.1} {:>9.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>9}",
+            "{:<48} {:>9.1} {:>9.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>9}",
             r.variant.label(),
             d * 100.0,
             h * 100.0,
