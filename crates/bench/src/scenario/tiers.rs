@@ -238,22 +238,28 @@ mod tests {
     fn idle_sessions_come_back_from_the_host_and_tier_pricing_changes_the_route() {
         let mut s = scenario();
         s.duration_s = 90.0;
-        let some = [TIER_VARIANTS[0], TIER_VARIANTS[3], TIER_VARIANTS[4]];
-        let rows = rows_of(&some, &s, 1, s.load, |_| {});
-        let (blind, aware) = (1, 2);
+        let v = &TIER_VARIANTS;
+        let rows = rows_of(&[v[0], v[2], v[3], v[5], v[6]], &s, 1, s.load, |_| {});
+        let (none, miss, blind, slow_blind, slow_aware) = (0, 1, 2, 3, 4);
         let rate = |i: usize| rows[i].outcome.tier_hit_rates().unwrap();
-        assert_eq!(rate(0).1, 0.0, "no host tier: no host hits");
+        assert_eq!(rate(none).1, 0.0, "no host tier: no host hits");
         assert!(
-            rate(aware).1 > 0.0,
+            rate(blind).1 > 0.0,
             "sessions were loaded back from the host"
         );
         assert!(
-            rate(aware).0 + rate(aware).1 > rate(0).0,
+            rate(blind).0 + rate(blind).1 > rate(none).0,
             "a host tier raises the any-tier hit rate"
         );
-        assert_ne!(
-            rows[blind].outcome.ttft, rows[aware].outcome.ttft,
-            "blind and aware pricing route differently"
+        assert!(
+            rate(miss).1 < rate(blind).1,
+            "priced as a miss, host-tier prefixes are used less: {:?} vs {:?}",
+            rate(miss),
+            rate(blind)
+        );
+        assert!(
+            rows[slow_blind].outcome.ttft != rows[slow_aware].outcome.ttft,
+            "on a slow host tier, blind and aware pricing route differently"
         );
     }
 }
