@@ -137,8 +137,9 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             ]),
             ..s1
         }),
+        "tiers" => Ok(tiers::scenario()),
         o => Err(format!(
-            "unknown scenario {o:?}; expected one of {}",
+            "unknown scenario {o:?}; expected one of {}, tiers",
             NAMES.join(", ")
         )),
     }
@@ -405,3 +406,4 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
 pub mod ranks;
 #[cfg(test)]
 mod tests;
+pub mod tiers;

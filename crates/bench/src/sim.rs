@@ -126,6 +126,8 @@ struct Sim<'a> {
     /// Scratch for one pick: per candidate, the request's cached tokens and the cache's size.
     cached: Vec<u64>,
     sizes: Vec<u64>,
+    /// Scratch: per candidate, the part of its cached tokens on a host tier only.
+    host_cached: Vec<u64>,
     reqs: Vec<Req>,
     out: Outcome,
     queues: QueueSamples,
@@ -374,11 +376,14 @@ impl Sim<'_> {
             std::mem::take(&mut self.cached),
             std::mem::take(&mut self.sizes),
         );
+        let mut host = std::mem::take(&mut self.host_cached);
         let targets = Candidates::listed(&self.books[r], &self.candidates);
-        self.caches[r].lookup(&chain, ms(t), targets, &mut cached, &mut sizes);
+        let caches = &mut self.caches[r];
+        caches.lookup(&chain, ms(t), targets, &mut cached, (&mut host, &mut sizes));
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
             .with_candidates(&self.candidates)
             .with_prefix(submit.prompt_tokens, &cached)
+            .with_host_cached(&host)
             .with_cache_sizes(&sizes);
         view.now_ms = ms(t);
         let cfg = self.cfg;
@@ -392,7 +397,7 @@ impl Sim<'_> {
             (Some(_), _) => None,
         };
         if let (Some(adm), false) = (&cfg.admission, gate == Gate::Admit) {
-            (self.cached, self.sizes) = (cached, sizes);
+            (self.cached, self.sizes, self.host_cached) = (cached, sizes, host);
             if arrival {
                 // Refused by the gate (reject mode) or told to wait (queued while there is room).
                 let queued = match gate {
@@ -419,7 +424,7 @@ impl Sim<'_> {
             self.caches[r].dispatched(c, &chain, ms(t));
             unit = Some(self.unit_for(c));
         }
-        (self.cached, self.sizes) = (cached, sizes);
+        (self.cached, self.sizes, self.host_cached) = (cached, sizes, host);
         unit
     }
 }
@@ -457,6 +462,7 @@ pub fn simulate_with_queues(
             .collect(),
         cached: Vec::new(),
         sizes: Vec::new(),
+        host_cached: Vec::new(),
         reqs: arrivals
             .iter()
             .map(|a| Req {
@@ -494,6 +500,7 @@ pub fn simulate_with_queues(
     out.completed = out.e2e.len();
     let totals = sim.engines.iter().map(SimEngine::cache_totals);
     out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
+    out.loaded_back_tokens = sim.engines.iter().map(SimEngine::loaded_back_tokens).sum();
     let queues = sim.queues.finish(&mut out);
     (out, queues)
 }

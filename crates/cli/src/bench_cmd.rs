@@ -198,6 +198,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
     if s.name == "s5" {
         return crate::bench_ranks::run(&s, seed, load, out);
     }
+    if s.name == "tiers" {
+        return crate::bench_tiers::run(&s, seed, load, out);
+    }
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);
     }

@@ -64,7 +64,8 @@ pub struct CacheArgs {
     #[arg(long, default_value_t = CacheAware::default().balance_rel_threshold)]
     balance_rel_threshold: f64,
     /// min_ttft: how a hit held on an engine's host tier only (HiCache CPU_PINNED, DISK) is
-    /// priced: aware (at its load-back time) or blind (free, as a device hit).
+    /// priced: aware (at its load-back time), blind (free, as a device hit) or miss (recomputed,
+    /// as a router indexing the device tier only).
     #[arg(
         long,
         default_value_t = MinTtft::default().tier_pricing.as_str().to_string(),

@@ -92,8 +92,9 @@ fn the_index_holds_the_engines_pages_per_tier_through_demotion_and_load_back() {
         }
     }
     assert!(
-        demotions > 0 && host_hits > 0,
-        "the run exercised the host tier"
+        demotions > 0 && host_evictions > 0 && host_hits > 0,
+        "the run exercised the host tier: {demotions} demotions, {host_evictions} host evictions, \
+         {host_hits} host hits"
     );
     assert_eq!(
         ix.slot_stats(0).orphaned_blocks,

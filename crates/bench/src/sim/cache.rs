@@ -4,10 +4,12 @@
 //! is its [`CacheView`]; the policy sees only numbers of tokens through the view.
 //!
 //! Both are kept per DP rank (each rank's KV-event stream is its own index slot; each rank routed
-//! by name has its own tree slot), and answered per candidate ([`RouterCache::lookup`]).
+//! by name has its own tree slot), and answered per candidate ([`RouterCache::lookup`]). The
+//! index also says how much of each hit is on a host tier only (engines with `host_tier`), which
+//! `min_ttft` prices at its load-back time.
 
 use super::ranks::Layout;
-use loadlink_router::cache::{ApproxTree, KvIndex, Slot};
+use loadlink_router::cache::{ApproxTree, KvIndex, Slot, TierMatch};
 use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_wire::kv_events::KvEvent;
 
@@ -46,8 +48,11 @@ pub(crate) struct RouterCache {
     index: KvIndex,
     tree: ApproxTree,
     matches: Vec<(Slot, u32)>,
+    tier_matches: Vec<TierMatch>,
     /// Scratch: per slot, the request's matched blocks.
     depth: Vec<u32>,
+    /// Scratch: per slot, how many of them are on a host tier only.
+    host_depth: Vec<u32>,
 }
 
 impl RouterCache {
@@ -60,7 +65,9 @@ impl RouterCache {
             index: KvIndex::new(INDEX_MAX_BLOCKS),
             tree: ApproxTree::new(max_pages, APPROX_TTL_MS),
             matches: Vec::new(),
+            tier_matches: Vec::new(),
             depth: Vec::new(),
+            host_depth: Vec::new(),
         }
     }
 
@@ -91,21 +98,24 @@ impl RouterCache {
         }
     }
 
-    /// Per candidate of `targets` at `now_ms`: this chain's cached tokens into `cached`, and the
-    /// whole cache believed there into `sizes` (both resized to the candidates). A rank answers
-    /// for itself; a whole engine from the KV index answers with its best rank (the most of the
-    /// chain, the fullest cache), as the live `CacheBook` does.
+    /// Per candidate of `targets` at `now_ms`: this chain's cached tokens into `cached` (on any
+    /// tier), the part of them on a host tier only into `host`, and the whole cache believed
+    /// there into `sizes` (all resized to the candidates). A rank answers for itself; a whole
+    /// engine from the KV index answers with its best rank (the most of the chain, the fullest
+    /// cache), as the live `CacheBook` does.
     pub(crate) fn lookup(
         &mut self,
         chain: &[i64],
         now_ms: u64,
         targets: Candidates<'_>,
         cached: &mut Vec<u64>,
-        sizes: &mut Vec<u64>,
+        (host, sizes): (&mut Vec<u64>, &mut Vec<u64>),
     ) {
         let n = targets.len();
         cached.clear();
         cached.resize(n, 0);
+        host.clear();
+        host.resize(n, 0);
         sizes.clear();
         sizes.resize(n, 0);
         match self.view {
@@ -115,28 +125,47 @@ impl RouterCache {
                 self.tree.expire(now_ms);
                 self.tree.match_into(chain, &mut self.matches)
             }
-            CacheView::Index => self.index.match_into(chain, &mut self.matches),
+            CacheView::Index => {
+                self.index.match_tiers_into(chain, &mut self.tier_matches);
+                let m = self.tier_matches.iter().map(|m| (m.slot, m.held));
+                self.matches.clear();
+                self.matches.extend(m);
+            }
         }
+        let slots = self.layout.units() + self.layout.engines;
         self.depth.clear();
-        self.depth
-            .resize(self.layout.units() + self.layout.engines, 0);
+        self.depth.resize(slots, 0);
+        self.host_depth.clear();
+        self.host_depth.resize(slots, 0);
         for &(slot, blocks) in &self.matches {
             if let Some(d) = self.depth.get_mut(slot as usize) {
                 *d = blocks;
             }
         }
+        if self.view == CacheView::Index {
+            for m in &self.tier_matches {
+                if let Some(d) = self.host_depth.get_mut(m.slot as usize) {
+                    *d = m.held - m.device;
+                }
+            }
+        }
         for (i, c) in targets.iter().enumerate() {
-            let (held, blocks) = match self.view {
+            let (held, off, blocks) = match self.view {
                 CacheView::Approx => {
                     let s = self.approx_slot(c);
-                    (self.depth[s], self.tree.slot_stats(s as Slot).blocks)
+                    (self.depth[s], 0, self.tree.slot_stats(s as Slot).blocks)
                 }
-                _ => self.layout.units_of(c).fold((0, 0), |(h, b), u| {
+                // The best rank: the most of the chain, and of those the least on the host.
+                _ => self.layout.units_of(c).fold((0, 0, 0), |(h, o, b), u| {
                     let st = self.index.slot_stats(u as Slot);
-                    (h.max(self.depth[u]), b.max(st.blocks))
+                    let (hu, ou) = (self.depth[u], self.host_depth[u]);
+                    let better = hu > h || (hu == h && ou < o);
+                    let (h, o) = if better { (hu, ou) } else { (h, o) };
+                    (h, o, b.max(st.blocks))
                 }),
             };
             cached[i] = u64::from(held) * self.page_size;
+            host[i] = u64::from(off) * self.page_size;
             sizes[i] = blocks * self.page_size;
         }
     }
@@ -175,13 +204,13 @@ mod tests {
         let mut c = RouterCache::new(CacheView::Index, 16, 1000, Layout::new(2, 4));
         c.apply(5, &[stored(&[1, 2, 3])]); // engine 1, rank 1
         c.apply(6, &[stored(&[1, 9, 8, 7])]); // engine 1, rank 2: more blocks, less of the chain
-        let (mut cached, mut sizes) = (Vec::new(), Vec::new());
+        let (mut cached, mut host, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
         c.lookup(
             &[1, 2, 3, 4],
             0,
             Candidates::listed(&ws, &ranked),
             &mut cached,
-            &mut sizes,
+            (&mut host, &mut sizes),
         );
         assert_eq!(cached, [0, 0, 0, 0, 0, 48, 16, 0]);
         assert_eq!(sizes, [0, 0, 0, 0, 0, 48, 64, 0]);
@@ -190,7 +219,7 @@ mod tests {
             0,
             Candidates::whole(&ws),
             &mut cached,
-            &mut sizes,
+            (&mut host, &mut sizes),
         );
         assert_eq!((cached, sizes), (vec![0, 48], vec![0, 64]));
     }
@@ -208,13 +237,13 @@ mod tests {
             &[1],
             0,
         );
-        let (mut cached, mut sizes) = (Vec::new(), Vec::new());
+        let (mut cached, mut host, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
         c.lookup(
             &[1, 2, 3],
             1,
             Candidates::listed(&ws, &ranked),
             &mut cached,
-            &mut sizes,
+            (&mut host, &mut sizes),
         );
         assert_eq!(cached, [0, 0, 0, 32, 0, 0, 0, 0]);
         c.lookup(
@@ -222,7 +251,7 @@ mod tests {
             1,
             Candidates::whole(&ws),
             &mut cached,
-            &mut sizes,
+            (&mut host, &mut sizes),
         );
         assert_eq!((cached, sizes), (vec![0, 16], vec![0, 16]));
     }

@@ -81,6 +81,15 @@ impl SimEngine {
         self.publisher.source().sched.cache_totals()
     }
 
+    /// Lifetime tokens loaded back from the engine's host tier (0 without one).
+    pub(crate) fn loaded_back_tokens(&self) -> u64 {
+        self.publisher
+            .source()
+            .sched
+            .cache_stats()
+            .loaded_back_tokens
+    }
+
     /// The KV events of the engine's cache since the last call, in order.
     pub(crate) fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.sched().take_kv_events()

@@ -39,6 +39,8 @@ pub struct Outcome {
     /// `(cached, prompt)` tokens summed over the fleet's engines for the run; `None`: unknown
     /// (a live engine that does not export them).
     pub cache_tokens: Option<(u64, u64)>,
+    /// Of the cached tokens, those loaded back from engines' host tiers (0 without one).
+    pub loaded_back_tokens: u64,
 }
 
 impl Outcome {
@@ -49,6 +51,14 @@ impl Outcome {
             .zip(&self.ttft_floor)
             .map(|(t, f)| (t - f).max(0.0))
             .collect()
+    }
+
+    /// Hit rate per tier, over the fleet's prompt tokens: (device, host); `None` when unknown.
+    pub fn tier_hit_rates(&self) -> Option<(f64, f64)> {
+        let (cached, prompt) = self.cache_tokens?;
+        let p = prompt.max(1) as f64;
+        let host = self.loaded_back_tokens.min(cached);
+        Some(((cached - host) as f64 / p, host as f64 / p))
     }
 
     /// Σ cached / Σ prompt tokens over the fleet (0 without prompts; `None` when unknown).

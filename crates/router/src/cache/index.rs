@@ -77,6 +77,9 @@ pub struct SlotStats {
     pub device_blocks: u64,
     /// Of `blocks`, those with a host-tier copy (filled when read).
     pub host_blocks: u64,
+    /// A host copy had to be inferred after a partial view (see [`super::tier`]): the slot's
+    /// lookups scan until it is cleared (filled when read).
+    pub unnested: bool,
 }
 
 /// A cleared slot's former block set, whose holder entries are still to be unlinked.
@@ -148,11 +151,11 @@ impl KvIndex {
 
     pub fn slot_stats(&self, slot: Slot) -> SlotStats {
         let mut st = self.slots.get(slot as usize).copied().unwrap_or_default();
-        let (host, off) = self
-            .tiers
-            .get(slot as usize)
-            .map_or((0, 0), |t| (t.host.len(), t.off_device.len()));
+        let (host, off, unnested) = self.tiers.get(slot as usize).map_or((0, 0, false), |t| {
+            (t.host.len(), t.off_device.len(), t.unnested)
+        });
         st.host_blocks = host as u64;
+        st.unnested = unnested;
         st.device_blocks = st.blocks.saturating_sub(off as u64);
         st
     }
@@ -198,7 +201,7 @@ impl KvIndex {
                 self.stats_mut(slot).orphaned_blocks += (hashes.len() - i) as u64;
                 return;
             }
-            if !self.store(slot, tier, h) {
+            if !self.store(slot, tier, parent, h) {
                 return;
             }
             parent = Some(h);
@@ -215,15 +218,15 @@ impl KvIndex {
 
     /// Stores `hash` on `tier` for `slot`; false when the slot just went over quota (stop
     /// storing).
-    fn store(&mut self, slot: Slot, tier: Tier, hash: i64) -> bool {
+    fn store(&mut self, slot: Slot, tier: Tier, parent: Option<i64>, hash: i64) -> bool {
         let i = slot as usize;
         if self.held[i].contains(&hash) {
             let t = &mut self.tiers[i];
             match tier {
-                Tier::Device if t.off_device.remove(&hash) => self.off_device -= 1,
+                Tier::Device if t.clear_off_device(hash) => self.off_device -= 1,
                 Tier::Device => {}
                 Tier::Host => {
-                    t.host.insert(hash);
+                    t.host.entry(hash).or_insert(parent);
                 }
             }
             return true;
@@ -247,8 +250,8 @@ impl KvIndex {
         }
         self.held[i].insert(hash);
         if tier == Tier::Host {
-            self.tiers[i].host.insert(hash);
-            self.tiers[i].off_device.insert(hash);
+            self.tiers[i].host.insert(hash, parent);
+            self.tiers[i].set_off_device(hash);
             self.off_device += 1;
         }
         self.stats_mut(slot).blocks += 1;
@@ -264,20 +267,36 @@ impl KvIndex {
         let t = &mut self.tiers[i];
         let gone = match tier {
             Tier::Device if t.off_device.contains(&hash) => return,
-            Tier::Device if t.host.contains(&hash) => {
-                t.off_device.insert(hash);
+            Tier::Device if t.host.contains_key(&hash) || t.host_only_children(hash) > 0 => {
+                // Demoted; or a host copy the view missed, which the host-only children prove
+                // (see `tier.rs`).
+                if let std::collections::hash_map::Entry::Vacant(v) = t.host.entry(hash) {
+                    v.insert(None);
+                    t.unnested = true;
+                    self.stats_mut(slot).needs_resync = true;
+                }
+                self.tiers[i].set_off_device(hash);
                 self.off_device += 1;
                 return;
             }
             Tier::Device => true,
-            Tier::Host if !t.host.remove(&hash) => return,
-            Tier::Host => t.off_device.remove(&hash),
+            Tier::Host if !t.host.contains_key(&hash) => return,
+            Tier::Host => {
+                let host_only = t.clear_off_device(hash);
+                t.host.remove(&hash);
+                if host_only {
+                    self.off_device -= 1;
+                    // Only a stale view holds host-only children of an evicted host leaf.
+                    if t.host_only_children(hash) > 0 {
+                        t.unnested = true;
+                        self.stats_mut(slot).needs_resync = true;
+                    }
+                }
+                host_only
+            }
         };
         if !gone {
             return;
-        }
-        if tier == Tier::Host {
-            self.off_device -= 1;
         }
         self.held[i].remove(&hash);
         unlink(&mut self.blocks, slot, hash);
@@ -305,17 +324,15 @@ impl KvIndex {
         st.clears += 1;
         st.needs_resync = false;
         let set = std::mem::take(&mut self.held[slot as usize]);
+        // The tier tables only name held blocks and hold plain integers: dropping them is one
+        // free each.
         let tiers = std::mem::take(&mut self.tiers[slot as usize]);
         self.off_device -= tiers.off_device.len();
-        // The tier sets only name held blocks: queued with them, their entries are unlinked at
-        // most twice (a no-op the second time) and freed off the lock like the rest.
-        for set in [set, tiers.host, tiers.off_device] {
-            if !set.is_empty() {
-                self.detached.push_back(DetachedBlocks {
-                    slot,
-                    hashes: set.into_iter(),
-                });
-            }
+        if !set.is_empty() {
+            self.detached.push_back(DetachedBlocks {
+                slot,
+                hashes: set.into_iter(),
+            });
         }
     }
 
@@ -387,7 +404,7 @@ impl KvIndex {
                 .filter(|h| !t.off_device.contains(h))
                 .copied()
                 .collect(),
-            Tier::Host => t.host.iter().copied().collect(),
+            Tier::Host => t.host.keys().copied().collect(),
         }
     }
 
@@ -440,9 +457,15 @@ impl KvIndex {
     pub fn match_tiers_into(&self, chain: &[i64], out: &mut Vec<TierMatch>) {
         out.clear();
         self.each_match(chain, |slot, held| {
-            let off = &self.tiers[slot as usize].off_device;
+            let t = &self.tiers[slot as usize];
+            let off = &t.off_device;
             let device = if off.is_empty() {
                 held
+            } else if t.unnested {
+                chain[..held]
+                    .iter()
+                    .take_while(|h| !off.contains(h))
+                    .count()
             } else {
                 // Device blocks are prefix-closed within the held prefix.
                 chain[..held].partition_point(|h| !off.contains(h))
@@ -466,7 +489,12 @@ impl KvIndex {
         };
         let prefix = &chain[..depth];
         for &slot in candidates {
-            let held = prefix.partition_point(|&h| self.holds(slot, h));
+            let scan = self.tiers.get(slot as usize).is_some_and(|t| t.unnested);
+            let held = if scan {
+                prefix.iter().take_while(|&&h| self.holds(slot, h)).count()
+            } else {
+                prefix.partition_point(|&h| self.holds(slot, h))
+            };
             if held > 0 {
                 f(slot, held);
             }

@@ -191,3 +191,30 @@ fn a_slot_over_its_quota_is_cleared_once_and_then_ignored() {
     ix.apply(0, &stored(&[9]));
     assert_eq!(ix.slot_stats(0).blocks, 1, "a released slot starts afresh");
 }
+
+#[test]
+fn a_device_removal_after_a_resync_infers_the_host_copy_its_host_children_prove() {
+    let mut ix = KvIndex::new(1000);
+    ix.apply(0, &on("CPU_PINNED", None, &[1])); // a host copy of 1 ...
+    ix.detach_slot(0); // ... forgotten by a resync
+    ix.apply(0, &on("GPU", None, &[1])); // 1 loaded back: the view sees a device block
+    ix.apply(0, &on("CPU_PINNED", Some(1), &[2])); // a host-only child of 1
+    assert!(!ix.slot_stats(0).unnested);
+    ix.apply(0, &off("GPU", &[1])); // demoted: the engine announces no new host copy
+    let mut out = Vec::new();
+    ix.match_tiers_into(&[1, 2], &mut out);
+    let m = TierMatch {
+        slot: 0,
+        held: 2,
+        device: 0,
+    };
+    assert_eq!(out, vec![m], "1 stays, on the host, above its child");
+    let st = ix.slot_stats(0);
+    assert!(st.unnested && st.needs_resync);
+    assert_eq!((st.blocks, st.host_blocks), (2, 2));
+    // Without a host-only child, a device removal of a block with no known host copy drops it.
+    ix.apply(1, &on("GPU", None, &[7, 8]));
+    ix.apply(1, &off("GPU", &[8]));
+    assert_eq!(ix.slot_stats(1).blocks, 1);
+    assert!(!ix.slot_stats(1).unnested);
+}

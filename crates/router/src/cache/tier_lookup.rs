@@ -167,6 +167,21 @@ mod tests {
             [0, 12, 0],
             "three pages of it are on the host only"
         );
+        // `/workers` and `/metrics` count blocks per tier.
+        let (v, _) = book.worker_json(&ws[1]);
+        let want = serde_json::json!({ "device": [1], "host": [3] });
+        assert_eq!(v["rank_tier_blocks"], want);
+        let mut e = loadlink_wire::prom::Exposition::new();
+        book.write_metrics(&mut e, &ws);
+        let text = e.finish();
+        assert!(
+            text.contains("loadlink_kv_index_tier_blocks{tier=\"device\"} 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("loadlink_kv_index_tier_blocks{tier=\"host\"} 3\n"),
+            "{text}"
+        );
         // Loaded back: the host copies stay, the pages are on the device again.
         book.apply(ids[1], &batch(vec![stored("GPU", Some(h[0]), &h[1..])]));
         assert_eq!(look().host_cached, [0, 0, 0]);

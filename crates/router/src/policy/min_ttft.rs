@@ -51,6 +51,8 @@ pub enum TierPricing {
     Aware,
     /// As a device hit: free (what routers that ignore tiers do).
     Blind,
+    /// As a miss: recomputed (what a router that indexes the device tier only believes).
+    Miss,
 }
 
 impl TierPricing {
@@ -58,7 +60,10 @@ impl TierPricing {
         match s {
             "aware" => Ok(TierPricing::Aware),
             "blind" => Ok(TierPricing::Blind),
-            o => Err(format!("--tier-pricing {o:?}: expected aware or blind")),
+            "miss" => Ok(TierPricing::Miss),
+            o => Err(format!(
+                "--tier-pricing {o:?}: expected aware, blind or miss"
+            )),
         }
     }
 
@@ -66,6 +71,7 @@ impl TierPricing {
         match self {
             TierPricing::Aware => "aware",
             TierPricing::Blind => "blind",
+            TierPricing::Miss => "miss",
         }
     }
 }
@@ -134,7 +140,8 @@ impl MinTtft {
     }
 
     /// Seconds to load back the host-tier part of candidate `i`'s `cached` tokens (0 when blind,
-    /// and on the common path without tiers); never more than recomputing them at `s_tok`.
+    /// and on the common path without tiers); never more than recomputing them at `s_tok`
+    /// (which is what `miss` prices).
     #[inline]
     fn host_load_s(&self, view: &impl View, i: usize, cached: u64, s_tok: f64) -> f64 {
         if self.tier_pricing == TierPricing::Blind {
@@ -144,9 +151,12 @@ impl MinTtft {
         if host == 0 {
             return 0.0;
         }
-        let per_token = view
-            .host_load_s_per_token(i)
-            .unwrap_or(1.0 / self.host_load_tokens_per_s.max(1.0));
+        let per_token = match self.tier_pricing {
+            TierPricing::Miss => s_tok,
+            _ => view
+                .host_load_s_per_token(i)
+                .unwrap_or(1.0 / self.host_load_tokens_per_s.max(1.0)),
+        };
         host as f64 * per_token.min(s_tok)
     }
 

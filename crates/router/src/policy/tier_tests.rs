@@ -147,6 +147,12 @@ fn blind_pricing_takes_a_host_hit_for_a_device_hit_and_other_policies_count_it()
     assert!(
         TierPricing::parse("x")
             .unwrap_err()
-            .contains("aware or blind")
+            .contains("aware, blind or miss")
     );
+    // `miss` prices the host-tier part as recomputed: the host worker costs what a miss does.
+    let miss = MinTtft {
+        tier_pricing: TierPricing::Miss,
+        ..MinTtft::default()
+    };
+    assert!((miss.predicted_ttft_s(&FLEET, 1) - miss.predicted_ttft_s(&FLEET, 2)).abs() < 1e-9);
 }
