@@ -82,6 +82,11 @@ impl HostTier {
         self.pages.is_empty()
     }
 
+    /// Every host page as (hash, the parent its store announced), in no order.
+    pub fn parents(&self) -> impl Iterator<Item = (i64, Option<i64>)> + '_ {
+        self.pages.iter().map(|(&h, p)| (h, p.parent))
+    }
+
     pub fn contains(&self, hash: i64) -> bool {
         self.pages.contains_key(&hash)
     }

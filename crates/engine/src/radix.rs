@@ -492,13 +492,21 @@ impl PrefixCache {
 
     /// Every cached page with its parent and tier, for a snapshot cut: one O(pages) copy, done
     /// under the scheduler lock; ordering and encoding happen later, off the lock. Device pages
-    /// (`medium: None`).
+    /// (`medium: None`), then host-tier copies (`CPU_PINNED`, with the parent their store named).
     pub fn export_pages(&self) -> Vec<CutPage> {
-        let mut out = Vec::with_capacity(self.nodes.len());
+        let host = self.host.iter().flat_map(HostTier::parents);
+        let mut out =
+            Vec::with_capacity(self.nodes.len() + self.host.as_ref().map_or(0, HostTier::len));
         out.extend(self.nodes.iter().map(|(&hash, n)| CutPage {
             hash,
             parent: n.parent,
             medium: None,
+        }));
+        // Host copies after the device pages: a host page's parent may be on the device only.
+        out.extend(host.map(|(hash, parent)| CutPage {
+            hash,
+            parent,
+            medium: Some(HOST_MEDIUM),
         }));
         out
     }

@@ -242,8 +242,9 @@ pub(crate) async fn flush_cache(State(st): State<Arc<AppState>>) -> Response {
     (StatusCode::OK, "Cache flushed.\n").into_response()
 }
 
-/// `GET /cache_blocks` (debug): every rank's cached page hashes, sorted, as
-/// `{"ranks": [{"dp_rank", "block_size", "blocks": [...], "seq", "epoch"}]}`. What a KV-event
+/// `GET /cache_blocks` (debug): every rank's cached page hashes (any tier), sorted, as
+/// `{"ranks": [{"dp_rank", "block_size", "blocks": [...], "seq", "epoch", "device_blocks": [...],
+/// "host_blocks": [...]}]}` (the last two: pages on the device, pages with a host copy). What a KV-event
 /// subscriber's index must converge to; the router's KV-index tests compare with it. `seq` is the
 /// last KV batch seq assigned (−1: none yet), read under the scheduler lock with the blocks, so a
 /// subscriber that applied every batch up to `seq` holds exactly `blocks`; `seq` and `epoch` are
@@ -253,15 +254,16 @@ pub(crate) async fn cache_blocks(State(st): State<Arc<AppState>>) -> Response {
         .ranks
         .iter()
         .map(|r| {
-            let (blocks, page, seq) = match r.scheduler.lock() {
+            let (blocks, (device, host), page, seq) = match r.scheduler.lock() {
                 Ok(s) => {
                     let seq = r.kv_seq.as_ref().map(|(q, _)| q.last_assigned());
-                    (s.cached_blocks(), s.config().page_size, seq)
+                    (s.cached_blocks(), s.tier_blocks(), s.config().page_size, seq)
                 }
-                Err(_) => (Vec::new(), 0, None),
+                Err(_) => (Vec::new(), Default::default(), 0, None),
             };
             let epoch = r.kv_seq.as_ref().map(|(_, e)| *e);
-            json!({"dp_rank": r.rank, "block_size": page, "blocks": blocks, "seq": seq, "epoch": epoch})
+            json!({"dp_rank": r.rank, "block_size": page, "blocks": blocks, "seq": seq, "epoch": epoch,
+                   "device_blocks": device, "host_blocks": host})
         })
         .collect();
     axum::Json(json!({ "ranks": ranks })).into_response()

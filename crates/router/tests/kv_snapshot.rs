@@ -218,6 +218,41 @@ async fn an_engine_restart_is_recovered_from_the_new_engines_snapshot() {
     second.engine.stop().await;
 }
 
+/// An engine with a host tier (HiCache): pages evicted from the device live on in the host pool.
+/// A router that joins late gets both tiers from the snapshot: the same blocks as the engine, and
+/// the same split between device and host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_carries_the_host_tier() {
+    let c = reqwest::Client::new();
+    let engine = engine(|cfg| {
+        cfg.time_scale = 200.0;
+        cfg.model.page_size = PAGE;
+        cfg.model.max_total_tokens = 512;
+        cfg.model.max_running_requests = 4;
+        cfg.model.host_tier.tokens = 4_096;
+        kv_engine_config(cfg, free_base());
+    })
+    .await;
+    let url = engine.url();
+    traffic(&c, &url, 0, 300, 4).await;
+    let r = router(vec![url.clone()], LoadSignal::Backlog, |_| {}).await;
+    wait_view_at_engine_seq(&c, &r, &url).await;
+    assert_complete(&c, &r, &url).await;
+    let kv = worker_json(&c, &r.url(), &url).await["kv_events"].clone();
+    let (device, host) = (
+        kv["rank_tier_blocks"]["device"][0].as_u64().unwrap_or(0),
+        kv["rank_tier_blocks"]["host"][0].as_u64().unwrap_or(0),
+    );
+    let info = loadlink_testkit::get_json(&c, &format!("{url}/cache_blocks")).await;
+    let rank = &info["ranks"][0];
+    let engine_device = rank["device_blocks"].as_array().map_or(0, Vec::len) as u64;
+    let engine_host = rank["host_blocks"].as_array().map_or(0, Vec::len) as u64;
+    assert!(engine_host > 0, "the pool evicted to the host tier: {rank}");
+    assert_eq!((device, host), (engine_device, engine_host), "{kv}");
+    r.stop().await;
+    engine.stop().await;
+}
+
 /// A real `KvEventPublisher` with a one-batch queue, fed in a tight loop so most batches are
 /// dropped: each drop is a seq hole, no replay can fill it, and the snapshot (cut from the same
 /// model cache the batches describe, under the same lock as the seqs) must.
