@@ -106,6 +106,7 @@ fn worker_pubs(w: usize) -> WorkerPubs {
             topic: String::new(),
             endpoints,
             advertised: None,
+            host_load_tokens_per_s: None,
         },
     }
 }

@@ -214,8 +214,7 @@ impl Fleet {
         self.roster.load_full()
     }
 
-    /// The same fleet sending chosen ranks as `field` (`--dp-rank-field`). Before the first worker
-    /// is added.
+    /// The same fleet sending chosen ranks as `field` (`--dp-rank-field`), before any worker.
     pub fn with_rank_field(mut self, field: RankField) -> Self {
         self.rank_field = field;
         self
@@ -359,6 +358,7 @@ impl Fleet {
         };
         worker.refusals.attach(self.refusals.clone());
         worker.ranks.notify_claims(self.rank_epoch.clone());
+        worker.set_host_load(d.kv.as_ref().ok().and_then(|k| k.host_load_tokens_per_s));
         let worker = Arc::new(worker);
         let kv = match &refused {
             Some(why) => {

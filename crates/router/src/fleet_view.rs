@@ -8,6 +8,7 @@ use crate::book::{LoadSignal, Pricing, Worker};
 use crate::candidate::{Candidate, Candidates};
 use crate::policy::View;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// The policy's view of a request's candidates.
 pub struct FleetView<'a> {
@@ -154,6 +155,12 @@ impl View for FleetView<'_> {
     #[inline]
     fn host_cached_tokens(&self, i: usize) -> u64 {
         self.host_cached.get(i).copied().unwrap_or(0)
+    }
+    fn host_load_s_per_token(&self, i: usize) -> Option<f64> {
+        match self.worker(i).host_load_tokens_per_s.load(Relaxed) {
+            0 => None,
+            rate => Some(1.0 / rate as f64),
+        }
     }
     #[inline]
     fn queued_prefill_s(&self, i: usize) -> Option<f64> {

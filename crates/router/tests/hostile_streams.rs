@@ -44,6 +44,7 @@ fn kv_discovery(port: u16) -> Discovery {
                 replay_endpoint: None,
             }],
             advertised: None,
+            host_load_tokens_per_s: None,
         }),
         poll: None,
     }

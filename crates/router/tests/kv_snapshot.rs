@@ -249,6 +249,12 @@ async fn a_snapshot_carries_the_host_tier() {
     let engine_host = rank["host_blocks"].as_array().map_or(0, Vec::len) as u64;
     assert!(engine_host > 0, "the pool evicted to the host tier: {rank}");
     assert_eq!((device, host), (engine_device, engine_host), "{kv}");
+    // Its advertised load-back rate prices its host-tier hits.
+    let w = r.state.fleet.workers()[0].clone();
+    let rate = w
+        .host_load_tokens_per_s
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(rate, 100_000, "the engine's default --hicache-load-rate");
     r.stop().await;
     engine.stop().await;
 }

@@ -203,6 +203,7 @@ pub fn bare_kv_fleet(
             replay_endpoint: Some(format!("tcp://127.0.0.1:{}", base + 1)),
         }],
         advertised: None,
+        host_load_tokens_per_s: None,
     };
     let d = loadlink_router::fleet::Discovery {
         endpoints: Vec::new(),

@@ -123,6 +123,9 @@ pub struct KvStreams {
     /// The concrete host the worker advertised (`endpoint_host`) when it is not its URL's host,
     /// with the endpoints it would have them dial. Not dialled unless the caller trusts it.
     pub advertised: Option<AdvertisedKvHost>,
+    /// Tokens per second the worker loads back from its host KV tier (HiCache), when it
+    /// advertises one (`/server_info` `hicache_size_tokens` > 0 and `hicache_load_tokens_per_s`).
+    pub host_load_tokens_per_s: Option<u64>,
 }
 
 /// A worker's advertised KV host that differs from its URL's host.
@@ -230,13 +233,42 @@ pub fn kv_streams(worker_url: &str, server_info: &[u8]) -> Result<KvStreams, NoK
         topic: d.topic,
         endpoints,
         advertised,
+        host_load_tokens_per_s: host_load_rate(&doc),
     })
+}
+
+/// The host tier's load-back rate a `/server_info` advertises; `None` without a host tier or
+/// with a rate that is not a positive number.
+fn host_load_rate(doc: &serde_json::Value) -> Option<u64> {
+    let size = doc.get("hicache_size_tokens")?.as_u64()?;
+    let rate = doc.get("hicache_load_tokens_per_s")?.as_f64()?;
+    (size > 0 && rate.is_finite() && rate >= 1.0).then_some(rate.min(1e15) as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ports::Generation;
+
+    #[test]
+    fn a_host_tier_is_advertised_with_its_load_rate_or_not_at_all() {
+        let doc = |size: &str, rate: &str| -> serde_json::Value {
+            serde_json::from_str(&format!(
+                r#"{{"hicache_size_tokens": {size}, "hicache_load_tokens_per_s": {rate}}}"#
+            ))
+            .unwrap()
+        };
+        assert_eq!(host_load_rate(&doc("4096", "100000.0")), Some(100_000));
+        assert_eq!(host_load_rate(&doc("0", "100000.0")), None, "no host tier");
+        assert_eq!(host_load_rate(&doc("4096", "0")), None, "no usable rate");
+        assert_eq!(host_load_rate(&doc("4096", "-5")), None);
+        assert_eq!(host_load_rate(&doc("4096", "\"fast\"")), None);
+        assert_eq!(
+            host_load_rate(&serde_json::json!({})),
+            None,
+            "an SGLang 0.5.23 server"
+        );
+    }
 
     const KV: &str = r#""publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,"topic":"","block_size":16"#;
 

@@ -157,6 +157,8 @@ pub struct Worker {
     pub refusals: crate::budget::PeerRefusals,
     /// Frames dropped by the subscriber, indexed by [`FrameError::index`].
     pub dropped: [AtomicU64; FrameError::REASONS.len()],
+    /// Tokens/s its host KV tier loads back, as advertised (0: none advertised).
+    pub host_load_tokens_per_s: AtomicU64,
     /// Σ over ranks, recomputed by the (single) subscriber thread on every message so a pick reads
     /// one cache line instead of walking the ranks: requests, tokens, oldest receive time (0 if a
     /// rank never reported), smallest dispatch mark.
@@ -221,6 +223,7 @@ impl Worker {
             breaker: Breaker::default(),
             refusals: Default::default(),
             dropped: Default::default(),
+            host_load_tokens_per_s: AtomicU64::new(0),
             agg_requests: AtomicI64::new(0),
             agg_tokens: AtomicI64::new(0),
             agg_backlog: AtomicI64::new(0),
@@ -231,6 +234,12 @@ impl Worker {
             agg_kv_usage_bits: AtomicU64::new(0),
             epoch,
         }
+    }
+
+    /// Records the load-back rate of the worker's host KV tier, when it advertises one.
+    pub fn set_host_load(&self, tokens_per_s: Option<u64>) {
+        self.host_load_tokens_per_s
+            .store(tokens_per_s.unwrap_or(0), Relaxed);
     }
 
     /// ms since this worker's epoch (shared by every worker of a fleet); read once per request
