@@ -11,6 +11,7 @@ pub mod host_tier;
 pub mod http;
 mod metrics;
 pub mod model;
+mod page_chain;
 pub mod radix;
 pub mod rank;
 mod reply;

@@ -91,6 +91,14 @@ impl<'a> FleetView<'a> {
         self
     }
 
+    /// The view with a request's cache lookup: its prompt, each candidate's cached prefix (and the
+    /// part of it on a host tier only), and the router's belief of each cache's size.
+    pub fn with_lookup(self, l: &'a crate::cache::Lookup) -> Self {
+        self.with_prefix(l.prompt.prompt_tokens, &l.cached)
+            .with_host_cached(&l.host_cached)
+            .with_cache_sizes(&l.sizes)
+    }
+
     /// The view with the part of each candidate's cached prefix held on a host tier only.
     pub fn with_host_cached(mut self, host_cached: &'a [u64]) -> Self {
         self.host_cached = host_cached;

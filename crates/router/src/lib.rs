@@ -38,6 +38,7 @@ pub mod poll;
 pub mod proxy;
 pub mod rank_route;
 pub mod request_work;
+mod retry;
 pub mod server;
 pub mod state;
 pub mod subscribe;

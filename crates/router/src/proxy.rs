@@ -12,9 +12,9 @@ use crate::budget::Refusal as BudgetRefusal;
 use crate::cache::Lookup;
 use crate::candidate::{RANK_HEADER, RankField};
 use crate::fleet::{FleetView, Roster};
-use crate::policy::mix;
 use crate::rank_route::{ClientRank, with_rank_field};
 use crate::request_work::WorkError;
+use crate::retry::{Backoff, all_failed, retryable};
 use crate::state::{AppState, error_response};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -91,13 +91,6 @@ const FORWARDED_HEADERS: [header::HeaderName; 4] = [
     header::ACCEPT,
     header::USER_AGENT,
 ];
-
-fn retryable(status: StatusCode) -> bool {
-    matches!(
-        status,
-        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
-    )
-}
 
 /// The handler of every proxied route: reads the body within its size and time bounds, then
 /// [`forward`]s it.
@@ -264,10 +257,7 @@ pub async fn forward(
     view.targets = roster.targets(ranked);
     view.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
-        view = view
-            .with_prefix(l.prompt.prompt_tokens, &l.cached)
-            .with_host_cached(&l.host_cached)
-            .with_cache_sizes(&l.sizes);
+        view = view.with_lookup(l);
     }
     let first = admission::admit(&st, &mut view, budget, |v| {
         dispatch(&st, v, lookup.as_ref(), 0)
@@ -486,36 +476,4 @@ fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGua
             .insert("x-loadlink-dp-rank", HeaderValue::from(r));
     }
     out
-}
-
-/// Exponential backoff with jitter derived from the request sequence (no RNG on the request path).
-struct Backoff {
-    delay: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    fn new(initial_ms: u64, max_ms: u64) -> Self {
-        Backoff {
-            delay: Duration::from_millis(initial_ms),
-            max: Duration::from_millis(max_ms),
-        }
-    }
-
-    async fn wait(&mut self, seq: u64) {
-        let jitter = (mix(seq) % 1000) as f64 / 1000.0;
-        tokio::time::sleep(self.delay.mul_f64(0.5 + jitter / 2.0)).await;
-        self.delay = (self.delay * 2).min(self.max);
-    }
-}
-
-/// The 502 after every attempt failed (or none could be made).
-fn all_failed(st: &AppState, last_error: &str) -> Response {
-    st.metrics.count_status(502);
-    let msg = if last_error.is_empty() {
-        "no worker is available (all unhealthy or their breakers are open)".to_string()
-    } else {
-        format!("every attempt failed; last: {last_error}")
-    };
-    error_response(StatusCode::BAD_GATEWAY, &msg)
 }

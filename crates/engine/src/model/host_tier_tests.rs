@@ -4,6 +4,7 @@
 use super::*;
 use crate::host_tier::HostTierConfig;
 use crate::radix::PageChain;
+use loadlink_wire::kv_events::KvEvent;
 
 const PAGE: usize = 4;
 const RATE: f64 = 50_000.0;

@@ -26,8 +26,7 @@ mod pool;
 mod snapshot;
 
 use crate::host_tier::HostTierConfig;
-use crate::radix::{CacheStats, PageChain, PathLock, PrefixCache};
-use loadlink_wire::kv_events::KvEvent;
+use crate::radix::{PageChain, PathLock, PrefixCache};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -238,36 +237,6 @@ impl Scheduler {
             cache: PrefixCache::new(cfg.page_size, record_events)
                 .with_host_tier(cfg.host_tier.tokens),
         }
-    }
-
-    /// The KV events since the last call (empty unless built [`Scheduler::with_kv_events`]).
-    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
-        self.cache.take_events()
-    }
-
-    /// Every cached page's hash, sorted (the `/cache_blocks` debug route).
-    pub fn cached_blocks(&self) -> Vec<i64> {
-        let mut v: Vec<i64> = self.cache.block_hashes().collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// The cached pages per tier, each sorted: (on the device, with a host copy).
-    pub fn tier_blocks(&self) -> (Vec<i64>, Vec<i64>) {
-        let mut device: Vec<i64> = self.cache.device_hashes().collect();
-        let mut host: Vec<i64> = self.cache.host_hashes().collect();
-        device.sort_unstable();
-        host.sort_unstable();
-        (device, host)
-    }
-
-    pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
-    }
-
-    /// The rank's prefix cache, read-only (snapshot cuts, debug routes).
-    pub fn prefix_cache(&self) -> &PrefixCache {
-        &self.cache
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -504,6 +473,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod cache_tests;
+mod cache_view;
 #[cfg(test)]
 mod host_tier_tests;
 #[cfg(test)]

@@ -1,0 +1,39 @@
+//! What the rest of the engine reads of a rank's prefix cache through its scheduler: the KV events
+//! to publish, the pages per tier (`/cache_blocks`), the counters, and the cache itself for
+//! snapshot cuts. Reads only, beside the scheduling logic in `mod.rs`.
+
+use super::Scheduler;
+use crate::radix::{CacheStats, PrefixCache};
+use loadlink_wire::kv_events::KvEvent;
+
+impl Scheduler {
+    /// The KV events since the last call (empty unless built [`Scheduler::with_kv_events`]).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.cache.take_events()
+    }
+
+    /// Every cached page's hash, sorted (the `/cache_blocks` debug route).
+    pub fn cached_blocks(&self) -> Vec<i64> {
+        let mut v: Vec<i64> = self.cache.block_hashes().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The cached pages per tier, each sorted: (on the device, with a host copy).
+    pub fn tier_blocks(&self) -> (Vec<i64>, Vec<i64>) {
+        let mut device: Vec<i64> = self.cache.device_hashes().collect();
+        let mut host: Vec<i64> = self.cache.host_hashes().collect();
+        device.sort_unstable();
+        host.sort_unstable();
+        (device, host)
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// The rank's prefix cache, read-only (snapshot cuts, debug routes).
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+}
