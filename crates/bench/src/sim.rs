@@ -123,11 +123,9 @@ struct Sim<'a> {
     /// The routers' candidates over a replica's book (empty: one per engine).
     candidates: Vec<Candidate>,
     caches: Vec<RouterCache>,
-    /// Scratch for one pick: per candidate, the request's cached tokens and the cache's size.
-    cached: Vec<u64>,
-    sizes: Vec<u64>,
-    /// Scratch: per candidate, the part of its cached tokens on a host tier only.
-    host_cached: Vec<u64>,
+    /// Scratch for one pick: per candidate, the request's cached tokens, the part of them on a
+    /// host tier only, and the cache's size.
+    scratch: (Vec<u64>, Vec<u64>, Vec<u64>),
     reqs: Vec<Req>,
     out: Outcome,
     queues: QueueSamples,
@@ -372,11 +370,7 @@ impl Sim<'_> {
                 .collect(),
             _ => Vec::new(),
         };
-        let (mut cached, mut sizes) = (
-            std::mem::take(&mut self.cached),
-            std::mem::take(&mut self.sizes),
-        );
-        let mut host = std::mem::take(&mut self.host_cached);
+        let (mut cached, mut host, mut sizes) = std::mem::take(&mut self.scratch);
         let targets = Candidates::listed(&self.books[r], &self.candidates);
         let caches = &mut self.caches[r];
         caches.lookup(&chain, ms(t), targets, &mut cached, (&mut host, &mut sizes));
@@ -397,7 +391,7 @@ impl Sim<'_> {
             (Some(_), _) => None,
         };
         if let (Some(adm), false) = (&cfg.admission, gate == Gate::Admit) {
-            (self.cached, self.sizes, self.host_cached) = (cached, sizes, host);
+            self.scratch = (cached, host, sizes);
             if arrival {
                 // Refused by the gate (reject mode) or told to wait (queued while there is room).
                 let queued = match gate {
@@ -424,7 +418,7 @@ impl Sim<'_> {
             self.caches[r].dispatched(c, &chain, ms(t));
             unit = Some(self.unit_for(c));
         }
-        (self.cached, self.sizes, self.host_cached) = (cached, sizes, host);
+        self.scratch = (cached, host, sizes);
         unit
     }
 }
@@ -460,9 +454,7 @@ pub fn simulate_with_queues(
                 RouterCache::new(cfg.cache, m.page_size, pages, layout)
             })
             .collect(),
-        cached: Vec::new(),
-        sizes: Vec::new(),
-        host_cached: Vec::new(),
+        scratch: Default::default(),
         reqs: arrivals
             .iter()
             .map(|a| Req {
