@@ -314,13 +314,27 @@ fn cache_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()
         .collect();
     eprintln!();
     print!("{}", cache_table(&rows));
-    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": cache_rows_json(&rows) });
-    let stem = format!("{}-cache-seed{seed}", stem(s));
+    let json = cache_rows_json(&rows);
     let plain: Vec<Row> = rows.into_iter().map(|r| r.row).collect();
+    write_report(out, s, (seed, load), "-cache", json.into(), &plain)
+}
+
+/// Writes a comparison's report: `{stem}{tag}-seed{seed}.json` (the run's settings and `rows`) and
+/// the TTFT CDF of `plotted`, and says where they went.
+pub(crate) fn write_report(
+    out: &Path,
+    s: &Scenario,
+    (seed, load): (u64, f64),
+    tag: &str,
+    rows: serde_json::Value,
+    plotted: &[Row],
+) -> Result<()> {
+    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": rows });
+    let stem = format!("{}{tag}-seed{seed}", stem(s));
     let plots = plot::ttft_cdf(
         &out.join(format!("{stem}-ttft-cdf")),
         &plot::ttft_title(s.name, false, s.publish_point.as_str(), load),
-        &plain,
+        plotted,
     )?;
     let path = out.join(format!("{stem}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;

@@ -4,7 +4,6 @@
 //! default router's TTFT plot.
 
 use anyhow::Result;
-use loadlink_bench::plot;
 use loadlink_bench::report::Row;
 use loadlink_bench::scenario::{Scenario, ranks};
 use std::io::Write;
@@ -20,8 +19,7 @@ pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
     });
     eprintln!();
     print!("{}{}", ranks::table(&rows), ranks::acceptance(&rows));
-    let doc = serde_json::json!({ "scenario": s.name, "about": s.about, "seed": seed, "load": load, "publish_point": s.publish_point.as_str(), "duration_s": s.duration_s, "rows": ranks::rows_json(&rows) });
-    let stem = format!("{}-ranks-seed{seed}", crate::bench_cmd::stem(s));
+    let json = ranks::rows_json(&rows);
     let default: Vec<Row> = rows
         .into_iter()
         .filter(|r| r.variant.router.label == ranks::DEFAULT_ROUTER)
@@ -31,13 +29,5 @@ pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
             outcome: r.outcome,
         })
         .collect();
-    let plots = plot::ttft_cdf(
-        &out.join(format!("{stem}-ttft-cdf")),
-        &plot::ttft_title(s.name, false, s.publish_point.as_str(), load),
-        &default,
-    )?;
-    let path = out.join(format!("{stem}.json"));
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    println!("wrote {}", crate::bench_cmd::names(&path, &plots));
-    Ok(())
+    crate::bench_cmd::write_report(out, s, (seed, load), "-ranks", json.into(), &default)
 }
