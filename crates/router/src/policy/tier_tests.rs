@@ -11,6 +11,10 @@ struct Tiers {
     cached: [u64; 3],
     /// The workers' advertised load time per token (`None`: the policy's default).
     load_s: Option<f64>,
+    /// Seconds of prefill queued on each worker.
+    queued: [f64; 3],
+    /// How many of the three workers are candidates.
+    len: usize,
 }
 
 const PROMPT: u64 = 10_000;
@@ -18,7 +22,7 @@ const S_PER_TOKEN: f64 = 1e-4;
 
 impl View for Tiers {
     fn len(&self) -> usize {
-        3
+        self.len
     }
     fn load(&self, _: usize) -> i64 {
         0
@@ -38,8 +42,8 @@ impl View for Tiers {
     fn host_load_s_per_token(&self, _: usize) -> Option<f64> {
         self.load_s
     }
-    fn queued_prefill_s(&self, _: usize) -> Option<f64> {
-        Some(0.0)
+    fn queued_prefill_s(&self, i: usize) -> Option<f64> {
+        Some(self.queued[i])
     }
     fn engine_requests(&self, _: usize) -> Option<i64> {
         Some(0)
@@ -53,6 +57,8 @@ const FLEET: Tiers = Tiers {
     host: [0, 8_000, 0],
     cached: [8_000, 8_000, 0],
     load_s: None,
+    queued: [0.0; 3],
+    len: 3,
 };
 
 #[test]
@@ -100,37 +106,11 @@ fn blind_pricing_takes_a_host_hit_for_a_device_hit_and_other_policies_count_it()
     );
     // The device worker is busier by less than the host hit's load time: aware keeps the
     // request on the device hit, blind sees two equal hits and takes the idle host one.
-    struct Busy(Tiers);
-    impl View for Busy {
-        fn len(&self) -> usize {
-            2
-        }
-        fn load(&self, _: usize) -> i64 {
-            0
-        }
-        fn available(&self, _: usize) -> bool {
-            true
-        }
-        fn prompt_tokens(&self) -> u64 {
-            PROMPT
-        }
-        fn cached_tokens(&self, i: usize) -> u64 {
-            self.0.cached[i]
-        }
-        fn host_cached_tokens(&self, i: usize) -> u64 {
-            self.0.host[i]
-        }
-        fn queued_prefill_s(&self, i: usize) -> Option<f64> {
-            Some(if i == 0 { 0.04 } else { 0.0 })
-        }
-        fn engine_requests(&self, _: usize) -> Option<i64> {
-            Some(0)
-        }
-        fn prefill_s_per_token(&self, _: usize) -> f64 {
-            S_PER_TOKEN
-        }
-    }
-    let v = Busy(FLEET);
+    let v = Tiers {
+        queued: [0.04, 0.0, 0.0],
+        len: 2,
+        ..FLEET
+    };
     for e in 0..64 {
         assert_eq!(MinTtft::default().pick(&v, e), Some(0));
         assert_eq!(blind.pick(&v, e), Some(1));
@@ -140,7 +120,7 @@ fn blind_pricing_takes_a_host_hit_for_a_device_hit_and_other_policies_count_it()
     let only_host = Tiers {
         host: [0, 8_000, 0],
         cached: [0, 8_000, 0],
-        load_s: None,
+        ..FLEET
     };
     assert!((0..64).all(|e| ca.pick(&only_host, e) == Some(1)));
     assert_eq!(TierPricing::parse("blind"), Ok(TierPricing::Blind));
