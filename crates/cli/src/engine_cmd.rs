@@ -154,6 +154,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
                 tokens: a.hicache_size,
                 load_tokens_per_s: a.hicache_load_rate,
             },
+            lora: Default::default(),
         },
         time_scale: a.time_scale,
         kv_events_config: a.kv_events_config,
