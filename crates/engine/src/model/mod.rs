@@ -200,7 +200,7 @@ impl Scheduler {
     pub fn submit(&mut self, s: Submit) {
         let tokens = s.prompt.filter(|t| !t.is_empty());
         let chain = tokens.as_deref().map_or_else(PageChain::default, |t| {
-            PageChain::of(&t[..t.len() - 1], self.cfg.page_size)
+            PageChain::in_namespace(&t[..t.len() - 1], self.cfg.page_size, s.namespace)
         });
         let prompt = tokens.as_ref().map_or(s.prompt_tokens, |t| t.len() as u64);
         let queued_hit = self.cache.matched_tokens(&chain);
@@ -437,5 +437,7 @@ mod cache_view;
 mod host_tier_tests;
 #[cfg(test)]
 mod lora_tests;
+#[cfg(test)]
+mod namespace_tests;
 #[cfg(test)]
 mod tests;

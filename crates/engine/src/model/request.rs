@@ -2,6 +2,7 @@
 //! and what comes out of a step ([`Step`], [`Event`]). Their own file so the scheduling logic in
 //! `mod.rs` stays readable.
 
+use loadlink_wire::kv_namespace::Namespace;
 use std::sync::Arc;
 
 /// A request as the scheduler sees it.
@@ -16,6 +17,10 @@ pub struct Submit {
     /// The LoRA adapter it runs with: an index into the engine's adapter table (`None`: the base
     /// model). It runs only while that adapter is resident ([`super::LoraConfig`]).
     pub adapter: Option<u32>,
+    /// Its cache namespace (`None`: the plain one): what keeps its cached pages apart from other
+    /// namespaces' and how its KV events hash them ([`crate::page_chain`]). A request with an
+    /// adapter should name it here too (`Namespace::lora`), as SGLang's `extra_key` carries it.
+    pub namespace: Option<Arc<Namespace>>,
 }
 
 impl Submit {
@@ -27,6 +32,7 @@ impl Submit {
             max_new_tokens,
             prompt: None,
             adapter: None,
+            namespace: None,
         }
     }
 
@@ -38,12 +44,19 @@ impl Submit {
             max_new_tokens,
             prompt: Some(prompt),
             adapter: None,
+            namespace: None,
         }
     }
 
     /// The same request, run with adapter `adapter` (an index into the engine's adapter table).
     pub fn with_adapter(mut self, adapter: u32) -> Self {
         self.adapter = Some(adapter);
+        self
+    }
+
+    /// The same request, in cache namespace `namespace`.
+    pub fn with_namespace(mut self, namespace: Arc<Namespace>) -> Self {
+        self.namespace = Some(namespace);
         self
     }
 }
