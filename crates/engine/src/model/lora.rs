@@ -52,6 +52,11 @@ impl Scheduler {
         self.adapters.loads
     }
 
+    /// How many adapters are resident (no allocation: read after every step).
+    pub fn resident_count(&self) -> usize {
+        self.adapters.resident.len()
+    }
+
     /// The resident adapters, least recently used first.
     pub fn resident_adapters(&self) -> Vec<u32> {
         let mut r = self.adapters.resident.clone();
