@@ -245,7 +245,7 @@ pub async fn forward(
         Ok(r) => r,
         Err(refused) => return refused,
     };
-    let model = match crate::models::answer::resolve(&st, &roster, &asked) {
+    let model = match crate::models::answer::resolve(&st, &roster, uri.path(), &asked) {
         Ok(m) => m,
         Err(refused) => return refused,
     };

@@ -11,8 +11,32 @@ use loadlink_wire::kv_namespace::Namespace;
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// The candidates' model for `asked`, counted; or the 404/400 to answer.
-pub fn resolve(st: &AppState, roster: &Roster, asked: &Asked) -> Result<Resolved, Response> {
+/// The routes whose body names a model (or, for `/generate`, implies the default one); other
+/// routes (`/get_server_info`, `/health_generate`, …) may go to any worker.
+pub const MODEL_ROUTES: [&str; 7] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/generate",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/responses",
+    "/v1/score",
+];
+
+/// The candidates' model for `asked` (a request to `path`), counted; or the 404/400 to answer.
+pub fn resolve(
+    st: &AppState,
+    roster: &Roster,
+    path: &str,
+    asked: &Asked,
+) -> Result<Resolved, Response> {
+    if !MODEL_ROUTES.contains(&path) {
+        return Ok(Resolved {
+            set: super::SetId::All,
+            model: None,
+            adapter: None,
+        });
+    }
     let default = st.cfg.default_model.as_deref();
     let table = &roster.models;
     match table.resolve(asked.model.as_deref(), asked.lora_path.as_deref(), default) {
