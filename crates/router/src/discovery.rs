@@ -181,8 +181,12 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// ([`crate::poll::probe`]); with neither it is priced on in-flight, with every reason.
 pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
     let (mut d, info) = discover_push(client, url, limits).await;
-    let models =
-        crate::models::fetch::served_models(client, url, info.as_deref(), limits.fetch).await;
+    use crate::models::fetch::{ServerInfo, served_models};
+    let info = match &info {
+        Some(b) => ServerInfo::Body(b),
+        None => ServerInfo::Failed,
+    };
+    let models = served_models(client, url, info, limits.fetch).await;
     d.models = models;
     if d.endpoints.is_empty() {
         match crate::poll::probe_with(client, url, &limits.probe).await {

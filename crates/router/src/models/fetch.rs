@@ -46,23 +46,34 @@ async fn get(
     }
 }
 
-/// What `url` serves, from `server_info` (its `/server_info` body, when the caller has it) and the
-/// worker's model routes; `Err` when an answer was refused or malformed (the reason), or when no
-/// route named a model.
+/// The worker's `/server_info` as the caller has it.
+#[derive(Debug, Clone, Copy)]
+pub enum ServerInfo<'a> {
+    /// Its body, already fetched (discovery).
+    Body(&'a [u8]),
+    /// Not fetched yet: fetch it (a refresh).
+    Fetch,
+    /// Fetched and failed (discovery said why): not asked again.
+    Failed,
+}
+
+/// What `url` serves, from its `/server_info` and its model routes; `Err` when an answer was
+/// refused or malformed (the reason), or when no route named a model.
 pub async fn served_models(
     client: &HttpClient,
     url: &str,
-    server_info: Option<&[u8]>,
+    server_info: ServerInfo<'_>,
     budget: FetchBudget,
 ) -> Result<ServedModels, ModelsError> {
     let mut s = ServedModels::default();
     let fetched;
     let info = match server_info {
-        Some(b) => Some(b),
-        None => {
+        ServerInfo::Body(b) => Some(b),
+        ServerInfo::Fetch => {
             fetched = get(client, url, "/server_info", budget).await?;
             fetched.as_deref()
         }
+        ServerInfo::Failed => None,
     };
     if let Some(b) = info {
         // A /server_info of another shape (not a JSON object) says nothing: not an error.

@@ -3,7 +3,7 @@
 //! asked concurrently (at most [`CONCURRENCY`] at once), each request bounded by the fan-out
 //! budget (`--fanout-timeout-ms`, `--fanout-max-body-bytes`); a change rebuilds the roster at once.
 
-use super::fetch::served_models;
+use super::fetch::{ServerInfo, served_models};
 use crate::peer_http::FetchBudget;
 use crate::state::AppState;
 use futures_util::StreamExt;
@@ -43,7 +43,7 @@ pub async fn refresh_all(st: &AppState) {
     };
     let urls: Vec<String> = st.fleet.workers().iter().map(|w| w.url.clone()).collect();
     let asks = urls.into_iter().map(|url| async move {
-        let answer = served_models(&st.client, &url, None, budget).await;
+        let answer = served_models(&st.client, &url, ServerInfo::Fetch, budget).await;
         (url, answer)
     });
     let mut answers = futures_util::stream::iter(asks).buffer_unordered(CONCURRENCY);
