@@ -25,6 +25,7 @@ pub mod endpoint;
 pub mod error;
 pub mod frame;
 pub mod kv_events;
+pub mod kv_namespace;
 pub mod kv_snapshot;
 pub mod loads;
 mod msgpack;
