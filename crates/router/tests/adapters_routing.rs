@@ -1,0 +1,156 @@
+//! LoRA adapters behind one router: a request selects an adapter as SGLang does
+//! (`model: "base:adapter"`, or `lora_path` in the body) or as vLLM does (the adapter's name as
+//! `model`), and only the engines of the base model that have that adapter are candidates. Proven
+//! from the engines' own request counters, phase by phase: during a phase only the engines that
+//! have the adapter count anything.
+
+use loadlink_engine::served::UNSERVED;
+use loadlink_engine::{Engine, LoraConfig};
+use loadlink_router::LoadSignal;
+use loadlink_testkit::fleet_models::{Route, ask, body, listed_models, refused_with};
+use loadlink_testkit::router;
+use loadlink_testkit::served::{lora_loads, model_engine, model_requests};
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+
+/// Requests per phase.
+const PER_PHASE: usize = 12;
+
+/// Every request each engine counted so far, whatever it named.
+async fn totals(c: &Client, engines: &[Engine]) -> Vec<u64> {
+    let mut t = Vec::with_capacity(engines.len());
+    for e in engines {
+        t.push(model_requests(c, &e.url()).await.values().sum());
+    }
+    t
+}
+
+/// Sends `PER_PHASE` copies of `b` (completions and chat, JSON and streamed); each must be 200.
+/// Returns how many each engine counted during the phase.
+async fn phase(c: &Client, router_url: &str, engines: &[Engine], b: &Value) -> Vec<u64> {
+    let before = totals(c, engines).await;
+    for i in 0..PER_PHASE {
+        let route = if i % 2 == 0 {
+            Route::Completions
+        } else {
+            Route::Chat
+        };
+        let mut one = body(route, None, i % 4 >= 2);
+        for (k, v) in b.as_object().expect("a phase body is an object") {
+            one[k] = v.clone();
+        }
+        let (status, text) = ask(c, router_url, route, &one).await;
+        assert_eq!(status, StatusCode::OK, "{one}: {text}");
+    }
+    let after = totals(c, engines).await;
+    after.iter().zip(&before).map(|(a, b)| a - b).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_reach_only_the_engines_that_have_them() {
+    // e0: a1 and a2; e1: a2 and a3; e2: the base model alone.
+    let lora = LoraConfig {
+        max_loaded: 1,
+        load_time_s: 0.01,
+    };
+    let engines = vec![
+        model_engine(
+            &["base"],
+            &["a1=/adapters/a1", "a2=/adapters/a2"],
+            lora,
+            |_| {},
+        )
+        .await,
+        model_engine(
+            &["base"],
+            &["a2=/adapters/a2", "a3=/adapters/a3"],
+            lora,
+            |_| {},
+        )
+        .await,
+        model_engine(&["base"], &[], LoraConfig::default(), |_| {}).await,
+    ];
+    let urls: Vec<String> = engines.iter().map(Engine::url).collect();
+    let r = router(urls.clone(), LoadSignal::Inflight, |_| {}).await;
+    let c = Client::new();
+    let n = PER_PHASE as u64;
+
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "base:a1" })).await;
+    assert_eq!(
+        got,
+        [n, 0, 0],
+        "base:a1 (SGLang) reached an engine without a1"
+    );
+    let got = phase(
+        &c,
+        &r.url(),
+        &engines,
+        &json!({ "model": "base", "lora_path": "a1" }),
+    )
+    .await;
+    assert_eq!(got, [n, 0, 0], "lora_path a1 reached an engine without a1");
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "a3" })).await;
+    assert_eq!(
+        got,
+        [0, n, 0],
+        "a3 (vLLM style) reached an engine without a3"
+    );
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "base:a2" })).await;
+    assert_eq!(got[2], 0, "base:a2 reached the engine without adapters");
+    assert_eq!(got[0] + got[1], n);
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "base" })).await;
+    assert_eq!(
+        got.iter().sum::<u64>(),
+        n,
+        "the base model is served by all three"
+    );
+
+    // An adapter nobody has: refused, and no engine counts it.
+    let before = totals(&c, &engines).await;
+    let b = body(Route::Completions, Some("base:zz"), false);
+    let (status, text) = ask(&c, &r.url(), Route::Completions, &b).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    refused_with(&text, "model_not_found", "zz");
+    assert_eq!(totals(&c, &engines).await, before);
+
+    for e in &engines {
+        let counts = model_requests(&c, &e.url()).await;
+        assert_eq!(counts.get(UNSERVED), Some(&0), "{}: {counts:?}", e.url());
+    }
+    assert!(lora_loads(&c, &urls[0]).await >= 1, "e0 loaded a1");
+    assert_eq!(
+        lora_loads(&c, &urls[2]).await,
+        0,
+        "e2 has no adapter to load"
+    );
+
+    // /v1/models: the base once with all three, each adapter once with its parent and its engines.
+    let (listed, page) = listed_models(&c, &r.url()).await;
+    let mut all = urls.clone();
+    all.sort();
+    assert_eq!(listed.get("base"), Some(&all), "{page}");
+    let sorted = |v: &[&String]| {
+        let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed.get("a1"), Some(&sorted(&[&urls[0]])), "{page}");
+    assert_eq!(
+        listed.get("a2"),
+        Some(&sorted(&[&urls[0], &urls[1]])),
+        "{page}"
+    );
+    assert_eq!(listed.get("a3"), Some(&sorted(&[&urls[1]])), "{page}");
+    for m in page["data"].as_array().expect("a data array") {
+        let parent = if m["id"] == "base" {
+            Value::Null
+        } else {
+            json!("base")
+        };
+        assert_eq!(m["parent"], parent, "{m}");
+    }
+    r.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
