@@ -8,8 +8,10 @@ use loadlink_engine::served::UNSERVED;
 use loadlink_engine::{Engine, LoraConfig};
 use loadlink_router::LoadSignal;
 use loadlink_testkit::fleet_models::{Route, ask, body, listed_models, refused_with};
-use loadlink_testkit::router;
-use loadlink_testkit::served::{lora_loads, model_engine, model_requests};
+use loadlink_testkit::served::{
+    adapters, lora_loads, model_engine, model_requests, restart_on_same_port,
+};
+use loadlink_testkit::{router, wait_until};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
@@ -148,6 +150,105 @@ async fn adapters_reach_only_the_engines_that_have_them() {
             json!("base")
         };
         assert_eq!(m["parent"], parent, "{m}");
+    }
+    r.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_engines_adapters_are_learned_from_their_model_list() {
+    // vLLM has no /server_info: what each engine serves comes from its /v1/models alone.
+    let lora = LoraConfig {
+        max_loaded: 1,
+        load_time_s: 0.01,
+    };
+    let vllm = |c: &mut loadlink_engine::EngineConfig| c.flavor = loadlink_engine::Flavor::Vllm;
+    let engines = vec![
+        model_engine(&["m"], &["x1=/adapters/x1"], lora, vllm).await,
+        model_engine(&["m"], &["x2=/adapters/x2"], lora, vllm).await,
+    ];
+    let urls: Vec<String> = engines.iter().map(Engine::url).collect();
+    let r = router(urls.clone(), LoadSignal::Inflight, |_| {}).await;
+    let c = Client::new();
+    let n = PER_PHASE as u64;
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "x1" })).await;
+    assert_eq!(got, [n, 0], "x1 reached the engine without it");
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "x2" })).await;
+    assert_eq!(got, [0, n], "x2 reached the engine without it");
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "m" })).await;
+    assert_eq!(got.iter().sum::<u64>(), n);
+    for e in &engines {
+        let counts = model_requests(&c, &e.url()).await;
+        assert_eq!(counts.get(UNSERVED), Some(&0), "{}: {counts:?}", e.url());
+    }
+    let (listed, page) = listed_models(&c, &r.url()).await;
+    assert_eq!(listed.get("x1"), Some(&vec![urls[0].clone()]), "{page}");
+    assert_eq!(listed.get("x2"), Some(&vec![urls[1].clone()]), "{page}");
+    r.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_drops_an_adapter_is_re_registered_without_it() {
+    let lora = LoraConfig {
+        max_loaded: 2,
+        load_time_s: 0.01,
+    };
+    let specs = ["a1=/adapters/a1", "a2=/adapters/a2"];
+    let first = model_engine(&["base"], &specs, lora, |_| {}).await;
+    let other = model_engine(&["base"], &specs, lora, |_| {}).await;
+    let r = router(
+        vec![first.url(), other.url()],
+        LoadSignal::Inflight,
+        |cfg| {
+            cfg.model_refresh_ms = 1000;
+        },
+    )
+    .await;
+    let c = Client::new();
+    // The first address comes back with a2 only.
+    let port = first.addr.port();
+    let again = restart_on_same_port(first, |cfg| {
+        cfg.model_name = "base".into();
+        cfg.adapters = adapters(&["a2=/adapters/a2"]);
+        cfg.model.lora = lora;
+    })
+    .await;
+    assert_eq!(again.addr.port(), port);
+    let (again_url, other_url) = (again.url(), other.url());
+    wait_until("a1 listed on the other engine alone", 20, || async {
+        let (listed, page) = listed_models(&c, &r.url()).await;
+        let a2_on_both = listed.get("a2").is_some_and(|w| w.len() == 2);
+        if listed.get("a1") == Some(&vec![other_url.clone()]) && a2_on_both {
+            Ok(())
+        } else {
+            Err(page.to_string())
+        }
+    })
+    .await;
+    let engines = [again, other];
+    let n = PER_PHASE as u64;
+    let got = phase(&c, &r.url(), &engines, &json!({ "model": "base:a1" })).await;
+    assert_eq!(
+        got,
+        [0, n],
+        "a1 reached {again_url}, which no longer has it"
+    );
+    let got = phase(
+        &c,
+        &r.url(),
+        &engines,
+        &json!({ "model": "base", "lora_path": "a2" }),
+    )
+    .await;
+    assert_eq!(got.iter().sum::<u64>(), n);
+    for e in &engines {
+        let counts = model_requests(&c, &e.url()).await;
+        assert_eq!(counts.get(UNSERVED), Some(&0), "{}: {counts:?}", e.url());
     }
     r.stop().await;
     for e in engines {
