@@ -255,3 +255,66 @@ async fn an_engine_that_drops_an_adapter_is_re_registered_without_it() {
         e.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "router bug, reported to the lead: one adapter name under two base models is merged into one entry"]
+async fn one_adapter_name_under_two_base_models_is_never_mixed() {
+    // Two tenants' adapters share a name ("sql") but are different adapters of different models.
+    let lora = LoraConfig {
+        max_loaded: 2,
+        load_time_s: 0.01,
+    };
+    let engines = vec![
+        model_engine(&["m1"], &["sql=/adapters/m1-sql"], lora, |_| {}).await,
+        model_engine(&["m2"], &["sql=/adapters/m2-sql"], lora, |_| {}).await,
+    ];
+    let urls: Vec<String> = engines.iter().map(Engine::url).collect();
+    let r = router(urls.clone(), LoadSignal::Inflight, |_| {}).await;
+    let c = Client::new();
+    let n = PER_PHASE as u64;
+    // Named with its base, each reaches its own model's engine.
+    assert_eq!(
+        phase(&c, &r.url(), &engines, &json!({ "model": "m1:sql" })).await,
+        [n, 0]
+    );
+    assert_eq!(
+        phase(
+            &c,
+            &r.url(),
+            &engines,
+            &json!({ "model": "m2", "lora_path": "sql" })
+        )
+        .await,
+        [0, n]
+    );
+    // Each listed adapter's workers are engines of its parent, with that adapter's path.
+    let (_, page) = listed_models(&c, &r.url()).await;
+    for m in page["data"].as_array().expect("a data array") {
+        if m["id"] == "sql" {
+            let parent = m["parent"].as_str().expect("an adapter has a parent");
+            let own = if parent == "m1" { &urls[0] } else { &urls[1] };
+            assert_eq!(
+                m["workers"],
+                json!([own]),
+                "sql of {parent} listed on another model's engine: {page}"
+            );
+        }
+    }
+    // The bare name is ambiguous: never served by both models' engines (a refusal is fine).
+    let before = totals(&c, &engines).await;
+    let mut answered = Vec::new();
+    for _ in 0..PER_PHASE {
+        let b = body(Route::Completions, Some("sql"), false);
+        answered.push(ask(&c, &r.url(), Route::Completions, &b).await.0);
+    }
+    let after = totals(&c, &engines).await;
+    let got: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        got[0] == 0 || got[1] == 0,
+        "bare `sql` was served by m1's and m2's adapters: {got:?} {answered:?}"
+    );
+    r.stop().await;
+    for e in engines {
+        e.stop().await;
+    }
+}
