@@ -382,7 +382,7 @@ async fn with_retries(c: &reqwest::Client, router: &str, stats: &Counters) -> bo
 
 /// One short completion, read to the end; whether it succeeded.
 async fn complete(c: &reqwest::Client, router: &str) -> bool {
-    let body = json!({"model": "soak", "prompt": "The soak test asks for a short answer.", "max_tokens": 8});
+    let body = json!({"model": "loadlink-sim", "prompt": "The soak test asks for a short answer.", "max_tokens": 8});
     match c
         .post(format!("{router}/v1/completions"))
         .json(&body)

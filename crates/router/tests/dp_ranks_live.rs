@@ -116,7 +116,7 @@ async fn session(c: reqwest::Client, fleet: Fleet, id: usize, turns: usize) -> u
     for turn in 0..turns {
         let question = text(&format!("s{id} t{turn}"), 60);
         messages.push(json!({"role": "user", "content": question}));
-        let body = json!({"model": "m", "messages": messages, "max_tokens": 8});
+        let body = json!({"model": "loadlink-sim", "messages": messages, "max_tokens": 8});
         let resp = c
             .post(format!("{}/v1/chat/completions", fleet.router))
             .json(&body)

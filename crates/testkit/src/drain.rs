@@ -23,7 +23,7 @@ pub async fn serves_through_the_drain_delay<T>(url: &str, drain: &JoinHandle<T>)
     })
     .await;
     let fresh = reqwest::Client::new();
-    let body = json!({"model": "m", "prompt": "still serving", "max_tokens": 2});
+    let body = json!({"model": "loadlink-sim", "prompt": "still serving", "max_tokens": 2});
     complete_ok(&fresh, url, &body).await;
     assert!(!drain.is_finished(), "the drain waits out its delay");
 }
