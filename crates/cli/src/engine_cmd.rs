@@ -163,22 +163,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
             a.hicache_load_rate
         );
     }
-    if !a.lora_load_time.is_finite() || a.lora_load_time < 0.0 {
-        anyhow::bail!(
-            "--lora-load-time must be a non-negative number of seconds, got {}",
-            a.lora_load_time
-        );
-    }
-    let mut adapters = a.lora_paths;
-    adapters.extend(a.lora_modules);
-    let max_loaded = match (a.max_loaded_loras, adapters.is_empty()) {
-        (Some(0), false) => anyhow::bail!("--max-loaded-loras must be at least 1 with adapters"),
-        (Some(n), false) => n,
-        (None, false) => loadlink_engine::served::DEFAULT_MAX_LOADED_LORAS,
-        (_, true) => 0,
-    };
-    let mut names = a.served_model_name.into_iter();
-    let model_name = names.next().unwrap_or_else(|| "loadlink-sim".into());
+    let served = Served::of(&a)?;
     let cfg = EngineConfig {
         host: a.host,
         port: a.port,
@@ -199,10 +184,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
                 tokens: a.hicache_size,
                 load_tokens_per_s: a.hicache_load_rate,
             },
-            lora: LoraConfig {
-                max_loaded,
-                load_time_s: a.lora_load_time,
-            },
+            lora: served.lora,
         },
         time_scale: a.time_scale,
         kv_events_config: a.kv_events_config,
@@ -210,10 +192,10 @@ pub fn run(a: EngineArgs) -> Result<()> {
         publish_interval: a.load_snapshot_publish_interval,
         generation: a.load_wire,
         max_body_bytes: a.max_body_bytes,
-        model_name,
-        extra_served_names: names.collect(),
+        model_name: served.primary,
+        extra_served_names: served.more_names,
         model_path: a.model_path,
-        adapters,
+        adapters: served.adapters,
         publish_point: a.publish_point,
         flavor: a.flavor,
         kv_epoch_in_topic: a.kv_epoch_in_topic,
@@ -232,4 +214,112 @@ pub fn run(a: EngineArgs) -> Result<()> {
         engine.drain(delay, timeout).await;
         Ok(())
     })
+}
+
+/// The served names and adapters the flags give, checked.
+#[derive(Debug, PartialEq)]
+struct Served {
+    primary: String,
+    more_names: Vec<String>,
+    adapters: Vec<AdapterSpec>,
+    lora: LoraConfig,
+}
+
+impl Served {
+    fn of(a: &EngineArgs) -> Result<Served> {
+        if !a.lora_load_time.is_finite() || a.lora_load_time < 0.0 {
+            anyhow::bail!(
+                "--lora-load-time must be a non-negative number of seconds, got {}",
+                a.lora_load_time
+            );
+        }
+        let adapters: Vec<AdapterSpec> = a
+            .lora_paths
+            .iter()
+            .chain(&a.lora_modules)
+            .cloned()
+            .collect();
+        let max_loaded = match (a.max_loaded_loras, adapters.is_empty()) {
+            (Some(0), false) => {
+                anyhow::bail!("--max-loaded-loras must be at least 1 with adapters")
+            }
+            (Some(n), false) => n,
+            (None, false) => loadlink_engine::served::DEFAULT_MAX_LOADED_LORAS,
+            (_, true) => 0,
+        };
+        let (primary, more) = a
+            .served_model_name
+            .split_first()
+            .map_or(("loadlink-sim".to_string(), Vec::new()), |(p, m)| {
+                (p.clone(), m.to_vec())
+            });
+        Ok(Served {
+            primary,
+            more_names: more,
+            adapters,
+            lora: LoraConfig {
+                max_loaded,
+                load_time_s: a.lora_load_time,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn served(args: &[&str]) -> Result<Served> {
+        let cli = Cli::try_parse_from(std::iter::once("engine").chain(args.iter().copied()))?;
+        Served::of(&cli.engine)
+    }
+
+    #[test]
+    fn names_and_adapters_in_sglangs_and_vllms_spellings() {
+        let s = served(&[]).unwrap();
+        assert_eq!((s.primary.as_str(), s.lora.max_loaded), ("loadlink-sim", 0));
+        let s = served(&["--model-name", "m"]).unwrap();
+        assert_eq!(s.primary, "m", "--model-name is an alias");
+        let s = served(&["--served-model-name", "a", "b", "--served-model-name", "c"]).unwrap();
+        assert_eq!(
+            (s.primary.as_str(), s.more_names.clone()),
+            ("a", vec!["b".into(), "c".into()])
+        );
+        let s = served(&["--lora-paths", "x=/p/x", "/p/y", "--lora-modules", "z=/p/z"]).unwrap();
+        let names: Vec<&str> = s.adapters.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["x", "/p/y", "z"]);
+        assert_eq!(s.lora.max_loaded, 4, "the default with adapters");
+        assert_eq!(
+            s.lora.load_time_s,
+            loadlink_engine::served::DEFAULT_LORA_LOAD_TIME_S
+        );
+        let s = served(&[
+            "--lora-paths",
+            "x=/p",
+            "--max-loaded-loras",
+            "2",
+            "--lora-load-time",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!((s.lora.max_loaded, s.lora.load_time_s), (2, 0.0));
+    }
+
+    #[test]
+    fn bad_adapter_flags_are_refused_naming_the_flag() {
+        let err = |args: &[&str]| served(args).unwrap_err().to_string();
+        assert!(
+            err(&["--lora-paths", "x=/p", "--max-loaded-loras", "0"])
+                .contains("--max-loaded-loras")
+        );
+        assert!(err(&["--lora-load-time=-1"]).contains("--lora-load-time"));
+        assert!(err(&["--lora-paths", "=/p"]).contains("NAME=PATH"));
+    }
 }

@@ -1,7 +1,7 @@
 //! The engine's HTTP surface, shaped like SGLang's: OpenAI-compatible generation routes (JSON and
-//! SSE), `/generate`, `/server_info` with the real `kv_events` descriptor, `/model_info`,
-//! `/get_load` (what `sglang-router` polls), `/v1/loads`, `/metrics` with SGLang's gauge names,
-//! `/health`, `/v1/models`.
+//! SSE), `/generate`, `/server_info` with the real `kv_events` descriptor, `/model_info` (and
+//! `/get_model_info`), `/get_load` (what `sglang-router` polls), `/v1/loads`, `/metrics` with
+//! SGLang's gauge names, `/health`, `/v1/models`.
 //!
 //! This file holds the engine's start, its drain and stop, and the route table. The parts:
 //! [`crate::state`] (the configuration and the handlers' shared state), [`crate::routes`] (handlers), [`crate::reply`] (JSON and SSE responses, abort on disconnect),
@@ -324,6 +324,7 @@ fn sglang_routes(routes: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
         .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
         .route("/get_load", get(get_load))
         .route("/flush_cache", post(crate::routes::flush_cache))
         .route("/cache_blocks", get(crate::routes::cache_blocks))

@@ -76,6 +76,10 @@ async fn names_and_adapters_are_listed_with_their_parent_and_paths() {
     assert_eq!(info["loaded_loras"], json!([[]]));
     let mi = get_json(&c, &format!("{}/model_info", e.url())).await;
     assert_eq!(
+        mi,
+        get_json(&c, &format!("{}/get_model_info", e.url())).await
+    );
+    assert_eq!(
         (&mi["model_path"], &mi["served_model_name"]),
         (&json!("/models/base"), &json!("base"))
     );

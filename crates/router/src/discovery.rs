@@ -182,11 +182,13 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
     let (mut d, info) = discover_push(client, url, limits).await;
     use crate::models::fetch::{ServerInfo, served_models};
-    let info = match &info {
-        Some(b) => ServerInfo::Body(b),
-        None => ServerInfo::Failed,
+    // A worker that answered /server_info with a 4xx may still list its models (vLLM has no
+    // /server_info); one that stalled, failed or was refused is not asked again.
+    let models = match &info {
+        Info::Body(b) => served_models(client, url, ServerInfo::Body(b), limits.fetch).await,
+        Info::Absent => served_models(client, url, ServerInfo::Failed, limits.fetch).await,
+        Info::Failed(why) => Err(why.clone().into()),
     };
-    let models = served_models(client, url, info, limits.fetch).await;
     d.models = models;
     if d.endpoints.is_empty() {
         match crate::poll::probe_with(client, url, &limits.probe).await {
@@ -204,14 +206,29 @@ pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) 
 }
 
 /// The load sockets `/server_info` advertises, or why none.
+/// What discovery's `/server_info` gave.
+enum Info {
+    Body(Bytes),
+    /// A 4xx: the worker has no such route.
+    Absent,
+    /// Anything else (the reason).
+    Failed(String),
+}
+
 async fn discover_push(
     client: &HttpClient,
     url: &str,
     limits: &DiscoveryLimits,
-) -> (Discovery, Option<Bytes>) {
+) -> (Discovery, Info) {
     let body = match fetch_server_info(client, url, limits).await {
         Ok(b) => b,
-        Err(e) => return (Discovery::nothing(e.to_string()), None),
+        Err(e) => {
+            let info = match &e {
+                FetchError::Final(why) if why.contains(" answered 4") => Info::Absent,
+                _ => Info::Failed(e.to_string()),
+            };
+            return (Discovery::nothing(e.to_string()), info);
+        }
     };
     let kv = kv_streams(url, &body).map_err(|e| e.to_string());
     let (endpoints, no_load_reason) = match load_endpoints(url, &body) {
@@ -226,7 +243,7 @@ async fn discover_push(
         poll: None,
         models: Err(String::from("not read").into()),
     };
-    (d, Some(body))
+    (d, Info::Body(body))
 }
 
 /// Checks a worker URL (see [`loadlink_wire::discovery::worker_url`]).

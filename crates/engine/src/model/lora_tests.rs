@@ -154,6 +154,24 @@ fn the_load_time_shows_in_the_first_token() {
 }
 
 #[test]
+fn the_snapshot_reports_the_running_batchs_adapters_against_the_slots() {
+    let mut s = Scheduler::new(cfg(4));
+    assert_eq!(
+        Scheduler::new(cfg(0)).snapshot(0, 0.0).lora,
+        None,
+        "LoRA off: no section"
+    );
+    for (id, adapter) in [(1, 0), (2, 0), (3, 2)] {
+        s.submit(with(id, adapter, 10));
+    }
+    s.submit(Submit::counted(4, 100, 10));
+    s.step(0.0);
+    let lora = s.snapshot(0, 0.0).lora.expect("a lora section");
+    assert_eq!((lora.slots_used, lora.slots_total), (2, 4));
+    assert!((lora.utilization - 0.5).abs() < 1e-12);
+}
+
+#[test]
 fn loads_in_one_step_add_up_and_are_counted() {
     let mut s = Scheduler::new(cfg(3));
     for (id, adapter) in [(1, 0), (2, 1), (3, 2)] {

@@ -2,7 +2,7 @@
 
 use super::{RATE_WINDOW_S, Req, Scheduler};
 use loadlink_wire::LoadSnapshot;
-use loadlink_wire::snapshot::{MemoryMetrics, QueueMetrics};
+use loadlink_wire::snapshot::{LoraMetrics, MemoryMetrics, QueueMetrics};
 
 impl Scheduler {
     /// Prompt tokens still to compute for queued requests (their cached prefix, matched when
@@ -35,6 +35,23 @@ impl Scheduler {
         } else {
             hit as f64 / total as f64
         }
+    }
+
+    /// SGLang's `lora` section when LoRA is on: the distinct adapters of the running batch against
+    /// the slots (`max_loaded`).
+    fn lora_metrics(&self) -> Option<LoraMetrics> {
+        let total = self.cfg.lora.max_loaded;
+        if total == 0 {
+            return None;
+        }
+        let mut active: Vec<u32> = self.running.iter().filter_map(|r| r.adapter).collect();
+        active.sort_unstable();
+        active.dedup();
+        Some(LoraMetrics {
+            slots_used: active.len() as i64,
+            slots_total: total as i64,
+            utilization: active.len() as f64 / total as f64,
+        })
     }
 
     /// This rank's load, as SGLang's collector reports it (`wall_ts`: wall-clock seconds).
@@ -79,6 +96,7 @@ impl Scheduler {
                 graph_gb: 0.0,
                 token_capacity: cap as i64,
             }),
+            lora: self.lora_metrics(),
             queues: Some(QueueMetrics {
                 waiting: self.num_waiting() as i64,
                 retracted: self.waiting.iter().filter(|r| r.retracted).count() as i64,

@@ -23,7 +23,9 @@ pub const MODEL_ROUTES: [&str; 7] = [
     "/v1/score",
 ];
 
-/// The candidates' model for `asked` (a request to `path`), counted; or the 404/400 to answer.
+/// The candidates' model for `asked` (a request to `path`), counted; or the 404/400 to answer
+/// (a response, as every refusal on the request path is).
+#[allow(clippy::result_large_err)]
 pub fn resolve(
     st: &AppState,
     roster: &Roster,

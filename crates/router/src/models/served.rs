@@ -157,7 +157,7 @@ impl ServedModels {
             let ranks = ranks
                 .as_array()
                 .ok_or("loaded_loras: expected a list per rank")?;
-            if ranks.len() > crate::budget::Budgets::default().max_ranks as usize {
+            if ranks.len() > crate::budget::Budgets::default().max_ranks {
                 return Err("loaded_loras: more ranks than the router accepts".into());
             }
             let mut loaded = Vec::with_capacity(ranks.len());

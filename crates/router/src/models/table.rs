@@ -18,6 +18,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+/// The workers that hold a name, and the primary name of the first of them.
+type Holders = (Vec<u32>, Arc<str>);
+
 /// Counters of one model (by primary name), kept across roster rebuilds.
 #[derive(Debug, Default)]
 pub struct ModelStats {
@@ -98,9 +101,9 @@ impl ModelTable {
             ..Default::default()
         };
         let of = |i: usize| served.get(&workers[i].url).filter(|s| s.is_known());
-        let mut names: HashMap<Arc<str>, (Vec<u32>, Arc<str>)> = HashMap::new();
-        let mut adapters: HashMap<Arc<str>, (Vec<u32>, Arc<str>)> = HashMap::new();
-        let mut pairs: HashMap<(Arc<str>, Arc<str>), (Vec<u32>, Arc<str>)> = HashMap::new();
+        let mut names: HashMap<Arc<str>, Holders> = HashMap::new();
+        let mut adapters: HashMap<Arc<str>, Holders> = HashMap::new();
+        let mut pairs: HashMap<(Arc<str>, Arc<str>), Holders> = HashMap::new();
         let mut unnamed = Vec::new();
         let mut primaries: Vec<Arc<str>> = Vec::new();
         for i in 0..workers.len() {
