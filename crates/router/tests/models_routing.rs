@@ -81,12 +81,13 @@ impl Flow {
     }
 }
 
-/// Sends requests numbered from `first` through `router_url`, `CONCURRENCY` at a time, over the
-/// three models, completions and chat, JSON and streamed, each answered 200: at least `min`, and
-/// on until `flow.may_stop`. Returns how many were sent per model.
+/// Sends requests numbered from `first` through `router_url`, `CONCURRENCY` at a time, over
+/// `models`, completions and chat, JSON and streamed, each answered 200: at least `min`, and on
+/// until `flow.may_stop`. Returns how many were sent per model.
 async fn traffic(
     c: &Client,
     router_url: &str,
+    models: &'static [&'static str],
     first: usize,
     min: usize,
     flow: Arc<Flow>,
@@ -97,7 +98,7 @@ async fn traffic(
             let mut sent = BTreeMap::<String, u64>::new();
             let mut i = first + lane;
             while i < first + min || !flow.may_stop.load(Relaxed) {
-                let model = MODELS[i % MODELS.len()];
+                let model = models[i % models.len()];
                 let route = if (i / 2).is_multiple_of(2) {
                     Route::Completions
                 } else {
@@ -162,7 +163,7 @@ async fn no_request_is_misrouted_across_three_models_while_workers_come_and_go()
     let flow = Arc::new(Flow::default());
     let flowing = tokio::spawn({
         let (c, r, flow) = (c.clone(), r.url(), flow.clone());
-        async move { traffic(&c, &r, 0, 150, flow).await }
+        async move { traffic(&c, &r, &MODELS, 0, 150, flow).await }
     });
     // Each change is made while requests are in flight, and each fleet it leaves serves
     // `PER_STATE` answered requests before the next change.
@@ -191,7 +192,10 @@ async fn no_request_is_misrouted_across_three_models_while_workers_come_and_go()
         .expect("the traffic during membership changes");
     let done = Arc::new(Flow::default());
     done.may_stop.store(true, Relaxed);
-    add_into(&mut sent, traffic(&c, &r.url(), 150, 90, done).await);
+    add_into(
+        &mut sent,
+        traffic(&c, &r.url(), &MODELS, 150, 90, done).await,
+    );
 
     // The joined beta engine takes beta requests (bounded: until it has served one).
     let joined = url(4);
@@ -342,4 +346,38 @@ async fn a_worker_that_changes_its_model_is_re_registered() {
     r.stop().await;
     second.stop().await;
     other.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ranks_of_a_worker_are_candidates_for_its_model_only() {
+    // Two DP ranks per engine, routed per rank: the candidates of a model are the ranks of its
+    // workers, never a rank of another model's worker.
+    let ranked = |model: &'static str| {
+        publishing_engine(move |c| {
+            c.model_name = model.into();
+            c.dp_size = 2;
+        })
+    };
+    let (alpha, _) = ranked("alpha").await;
+    let (beta, _) = ranked("beta").await;
+    let r = default_router(vec![alpha.url(), beta.url()]).await;
+    let c = Client::new();
+    wait_listed(&c, &r, &[("alpha", 1), ("beta", 1)]).await;
+    let flow = Arc::new(Flow::default());
+    flow.may_stop.store(true, Relaxed);
+    let sent = traffic(&c, &r.url(), &["alpha", "beta"], 0, 48, flow).await;
+    for (e, model) in [(&alpha, "alpha"), (&beta, "beta")] {
+        let counts = model_requests(&c, &e.url()).await;
+        assert_eq!(count(&counts, UNSERVED), 0, "{model}: {counts:?}");
+        let want = sent.get(model).copied().unwrap_or(0);
+        assert_eq!(count(&counts, model), want, "{model}: {counts:?}");
+    }
+    let w = workers(&c, &r.url()).await;
+    assert!(
+        w.iter().all(|w| w["rank_routing"]["mode"] == "per-rank"),
+        "{w:?}"
+    );
+    r.stop().await;
+    alpha.stop().await;
+    beta.stop().await;
 }
