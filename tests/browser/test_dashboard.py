@@ -99,7 +99,8 @@ def fleet():
 
 def rows(d: WebDriver) -> dict:
     script = """return Array.from(document.querySelectorAll('#rows tr')).map(tr => ({
-        worker: tr.dataset.worker, source: tr.children[6].textContent,
+        worker: tr.dataset.worker, source: tr.querySelector('td.engine, td.fallback').textContent,
+        model: tr.querySelector('.model').textContent,
         waiting: +tr.querySelector('.waiting').textContent, running: +tr.querySelector('.running').textContent,
         blocks: tr.querySelector('.blocks').textContent, hit: tr.querySelector('.hit').textContent}));"""
     return {r["worker"]: r for r in d.cmd("POST", "/execute/sync", {"script": script, "args": []})}
@@ -122,6 +123,8 @@ def test_dashboard_shows_every_worker_and_live_numbers(fleet):
     try:
         d.cmd("POST", "/url", {"url": router + "/dashboard"})
         poll(d, lambda r: set(r) == set(engines) and all(x["source"] == "engine" for x in r.values()), "both workers on engine load")
+        # Each worker's row names the model it serves (the engines' default served name).
+        assert all(x["model"] == "loadlink-sim" for x in rows(d).values()), rows(d)
         # Load the first engine directly: its running and waiting counts must rise on the page.
         def direct() -> None:
             try:

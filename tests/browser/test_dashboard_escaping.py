@@ -65,7 +65,7 @@ def test_markup_in_a_worker_decline_reason_shows_as_text():
         d = WebDriver()
         d.cmd("POST", "/url", {"url": base + "/dashboard"})
         probe = """const tr = document.querySelector('#rows tr');
-            return tr && {worker: tr.dataset.worker, title: tr.children[6].title,
+            return tr && {worker: tr.dataset.worker, title: tr.querySelector('td.engine, td.fallback').title,
                 injected: document.querySelectorAll('#injected-img, #injected-b, #rows img, #rows b').length,
                 pwned: window.__pwned === undefined ? null : window.__pwned};"""
         deadline = time.monotonic() + 20

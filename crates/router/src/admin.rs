@@ -149,7 +149,26 @@ pub fn workers_json(st: &AppState) -> Value {
     let ws = st.fleet.workers();
     json!({ "policy": st.cfg.policy.as_str(), "load_signal": st.cfg.load_signal.as_str(),
             "prefix_source": st.prefix.source.as_str(), "tokenizer": st.prefix.tokenizer.describe(),
+            "models": fleet_models_json(st),
             "workers": ws.iter().map(|w| worker_json(st, w)).collect::<Vec<_>>() })
+}
+
+/// Each model the fleet serves: its requests and its workers (by URL).
+fn fleet_models_json(st: &AppState) -> Value {
+    let roster = st.fleet.roster();
+    let t = &roster.models;
+    let of = |name: &str| -> Vec<&str> {
+        let ws = t.workers_of(name);
+        ws.iter()
+            .map(|&i| roster.workers[i as usize].url.as_str())
+            .collect()
+    };
+    t.models()
+        .map(|(name, s)| {
+            json!({ "model": &**name, "requests": s.requests.load(Relaxed),
+            "workers": of(name) })
+        })
+        .collect()
 }
 
 pub async fn list_workers(State(st): State<Arc<AppState>>) -> Response {
