@@ -4,9 +4,9 @@
 //! its own `/workers` or `/metrics` say.
 //!
 //! The fleet is built to tempt a wrong pick: every model is asked the same prompt, so the KV index
-//! believes a beta prompt is cached on the alpha engines that served it first; workers join and
-//! leave through the admin API while requests flow; the joining worker serves a model the others
-//! do not, so a router that routes to a worker before it knows that worker's models misroutes.
+//! believes a beta prompt is cached on the alpha engines that served it first; workers join,
+//! leave and rejoin through the admin API while requests for every model flow, so a router that
+//! routes to a worker before it knows that worker's models (or after it left) is caught.
 
 use loadlink_engine::served::UNSERVED;
 use loadlink_engine::{Engine, LoraConfig};
