@@ -304,6 +304,7 @@ pub const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
     tie_abs_s: 0.002,
     tier_pricing: loadlink_router::policy::TierPricing::Aware,
     host_load_tokens_per_s: loadlink_router::policy::DEFAULT_HOST_LOAD_TOKENS_PER_S,
+    adapter_pricing: loadlink_router::policy::AdapterPricing::Aware,
 });
 
 /// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight

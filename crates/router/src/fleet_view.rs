@@ -31,6 +31,9 @@ pub struct FleetView<'a> {
     pub host_cached: &'a [u64],
     /// Per candidate, the tokens the router believes cached there in all; empty: unknown.
     pub cache_sizes: &'a [u64],
+    /// Per candidate, the seconds of loading the request's LoRA adapter there, and of reloading
+    /// what that evicts ([`crate::adapters::AdapterBook::fill_costs`]); empty: no adapter.
+    pub adapter_costs: &'a [f64],
 }
 
 impl<'a> FleetView<'a> {
@@ -48,6 +51,7 @@ impl<'a> FleetView<'a> {
             cached: &[],
             host_cached: &[],
             cache_sizes: &[],
+            adapter_costs: &[],
         }
     }
 
@@ -111,6 +115,12 @@ impl<'a> FleetView<'a> {
         self
     }
 
+    /// The view with the seconds the request's adapter costs on each candidate (same order).
+    pub fn with_adapter_costs(mut self, adapter_costs: &'a [f64]) -> Self {
+        self.adapter_costs = adapter_costs;
+        self
+    }
+
     /// Candidate `i`'s pricing inputs at this view's `now`.
     #[inline]
     fn pricing(&self, i: usize) -> Pricing {
@@ -163,6 +173,10 @@ impl View for FleetView<'_> {
     #[inline]
     fn host_cached_tokens(&self, i: usize) -> u64 {
         self.host_cached.get(i).copied().unwrap_or(0)
+    }
+    #[inline]
+    fn adapter_load_s(&self, i: usize) -> f64 {
+        self.adapter_costs.get(i).copied().unwrap_or(0.0)
     }
     fn host_load_s_per_token(&self, i: usize) -> Option<f64> {
         match self.worker(i).host_load_tokens_per_s.load(Relaxed) {

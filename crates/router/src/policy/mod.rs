@@ -12,7 +12,7 @@ pub mod cache_aware;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
-pub use min_ttft::{DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
+pub use min_ttft::{AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
@@ -44,6 +44,13 @@ pub trait View {
     /// its advertised load bandwidth); `None`: not advertised, the policy's default applies.
     fn host_load_s_per_token(&self, _i: usize) -> Option<f64> {
         None
+    }
+    /// Seconds worker `i` would spend loading this request's LoRA adapter (0 when it is resident,
+    /// or the request names none), plus the expected reload of the adapter that load evicts
+    /// ([`crate::adapters`]). Only `min_ttft` (adapter-aware) reads it; `cache_aware` and the
+    /// load-only policies place requests as if adapters were free (adapter-blind).
+    fn adapter_load_s(&self, _i: usize) -> f64 {
+        0.0
     }
     /// Tokens the router believes worker `i` caches in all (the size of its tree or index slot):
     /// `cache_aware` sends a request without a good match to the worker with the least.
@@ -249,6 +256,8 @@ pub(crate) fn argmin_by<K: PartialOrd>(
     best.map(|(_, i)| i)
 }
 
+#[cfg(test)]
+mod adapter_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
