@@ -17,7 +17,9 @@
 //!   its first token comes soonest;
 //! * an engine of several DP ranks is that many schedulers, each publishing on its own; a request
 //!   without a rank goes through the engine's dispatcher ([`ranks`]). Everything per engine above
-//!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank.
+//!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank;
+//! * a fleet of several models restricts each request's candidates to the engines serving its
+//!   model, and prices its LoRA adapter with each replica's adapter book ([`models`]).
 
 pub mod admission;
 mod cache;
@@ -25,6 +27,7 @@ mod clairvoyant;
 mod delivery;
 mod engine;
 mod events;
+mod models;
 mod outcome;
 mod queues;
 mod ranks;
@@ -41,6 +44,7 @@ use engine::SimEngine;
 use events::{Ev, Item};
 use loadlink_engine::model::{Event, ModelConfig, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
+use loadlink_router::adapters::AdapterBookConfig;
 use loadlink_router::admission::{AdmissionConfig, Gate};
 use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_router::fleet::FleetView;
@@ -98,6 +102,10 @@ pub struct SimConfig {
     /// The routers' admission control (`loadlink route --max-… --admission …`); `None`: none, every
     /// routed request is forwarded ([`admission`]).
     pub admission: Option<AdmissionConfig>,
+    /// Per engine, the model it serves (empty: every engine serves every request) ([`models`]).
+    pub served: Vec<Arc<str>>,
+    /// The routers' adapter book (defaults for engines that advertise nothing; [`models`]).
+    pub adapter_book: AdapterBookConfig,
 }
 
 struct Req {
@@ -120,12 +128,13 @@ struct Sim<'a> {
     /// Per engine: its dispatcher for requests that name no rank.
     dispatchers: Vec<Dispatcher>,
     books: Vec<Vec<Arc<Worker>>>,
-    /// The routers' candidates over a replica's book (empty: one per engine).
-    candidates: Vec<Candidate>,
+    /// Each request's candidates (the engines serving its model) and adapter prices.
+    models: models::ModelRouting,
     caches: Vec<RouterCache>,
     /// Scratch for one pick: per candidate, the request's cached tokens, the part of them on a
-    /// host tier only, and the cache's size.
+    /// host tier only, and the cache's size; and the adapter's price.
     scratch: (Vec<u64>, Vec<u64>, Vec<u64>),
+    adapter_costs: Vec<f64>,
     reqs: Vec<Req>,
     out: Outcome,
     queues: QueueSamples,
@@ -311,9 +320,13 @@ impl Sim<'_> {
 
     fn submit_of(&self, i: usize) -> Submit {
         let a = &self.arrivals[i];
-        match &a.prompt {
+        let s = match &a.prompt {
             Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
             None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
+        };
+        match self.models.adapter(i) {
+            Some(ad) => s.with_adapter(ad),
+            None => s,
         }
     }
 
@@ -370,15 +383,25 @@ impl Sim<'_> {
                 .collect(),
             _ => Vec::new(),
         };
+        let list = self.models.candidates(i);
+        if list.is_empty() {
+            if arrival {
+                self.reject(); // no engine serves its model
+            }
+            return None;
+        }
         let (mut cached, mut host, mut sizes) = std::mem::take(&mut self.scratch);
-        let targets = Candidates::listed(&self.books[r], &self.candidates);
+        let targets = Candidates::listed(&self.books[r], list);
         let caches = &mut self.caches[r];
         caches.lookup(&chain, ms(t), targets, &mut cached, (&mut host, &mut sizes));
+        let costs = &mut self.adapter_costs;
+        self.models.fill_costs(r, i, targets, ms(t), costs);
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
-            .with_candidates(&self.candidates)
+            .with_candidates(list)
             .with_prefix(submit.prompt_tokens, &cached)
             .with_host_cached(&host)
-            .with_cache_sizes(&sizes);
+            .with_cache_sizes(&sizes)
+            .with_adapter_costs(costs);
         view.now_ms = ms(t);
         let cfg = self.cfg;
         let gate = cfg
@@ -416,6 +439,7 @@ impl Sim<'_> {
             let uncached = submit.prompt_tokens.saturating_sub(cached[p]);
             self.reqs[i].guard = Some(InflightGuard::to_target(w, c.rank, uncached));
             self.caches[r].dispatched(c, &chain, ms(t));
+            self.models.dispatched(r, i, &self.books[r][c.worker as usize], c, ms(t));
             unit = Some(self.unit_for(c));
         }
         self.scratch = (cached, host, sizes);
@@ -445,7 +469,13 @@ pub fn simulate_with_queues(
         layout,
         engines: layout.schedulers(cfg),
         dispatchers: vec![Dispatcher::new(layout.ranks); layout.engines],
-        candidates: cfg.rank_routing.candidates(&books[0]),
+        models: models::ModelRouting::new(
+            arrivals,
+            (&cfg.served, &cfg.engines),
+            (&books[0], &cfg.rank_routing.candidates(&books[0])),
+            cfg.routers.max(1),
+            cfg.adapter_book,
+        ),
         books,
         caches: (0..cfg.routers.max(1))
             .map(|_| {
@@ -455,6 +485,7 @@ pub fn simulate_with_queues(
             })
             .collect(),
         scratch: Default::default(),
+        adapter_costs: Vec::new(),
         reqs: arrivals
             .iter()
             .map(|a| Req {
@@ -493,6 +524,10 @@ pub fn simulate_with_queues(
     let totals = sim.engines.iter().map(SimEngine::cache_totals);
     out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
     out.loaded_back_tokens = sim.engines.iter().map(SimEngine::loaded_back_tokens).sum();
+    out.adapter_loads = sim.engines.iter().map(SimEngine::adapter_loads).sum();
+    out.adapter_requests = (0..arrivals.len())
+        .filter(|&i| sim.models.adapter(i).is_some() && sim.reqs[i].done.is_some())
+        .count() as u64;
     let queues = sim.queues.finish(&mut out);
     (out, queues)
 }

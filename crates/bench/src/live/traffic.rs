@@ -143,6 +143,7 @@ mod tests {
             stream: true,
             direct: false,
             prompt: Some(vec![17u32, 18].into()),
+            model: None,
         };
         let plain = body(&a, 0, None);
         assert_eq!(plain["input_ids"], serde_json::json!([17, 18]));

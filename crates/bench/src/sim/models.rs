@@ -1,0 +1,145 @@
+//! Many models and LoRA adapters in the simulator. Each engine serves one model
+//! ([`super::SimConfig::served`]); a request's candidates are the engines serving the model it
+//! names, as the router's per-model candidate lists make them. A request for an adapter reaches its
+//! engine's scheduler with the adapter's index (the scheduler loads it when it is not resident and
+//! counts the loads), and each router replica keeps the production
+//! [`loadlink_router::adapters::AdapterBook`] of what it dispatched, which prices the adapter on
+//! every candidate for the policy's view. Each engine advertises its adapter capacity and load time
+//! to the book (as `/server_info`'s `max_loaded_loras` and `lora_load_time_s` do). The engines'
+//! own reports of resident adapters are not simulated: the book runs on its dispatch history
+//! alone, the case of engines that report nothing.
+//!
+//! Adapter names beyond the book's bound are neither priced nor recorded (their loads still
+//! happen in the engines). Direct (router-bypassing) traffic ignores models: scenarios with many models send none.
+
+use crate::workload::Arrival;
+use loadlink_engine::model::ModelConfig;
+use loadlink_router::Worker;
+use loadlink_router::adapters::{AdapterBook, AdapterBookConfig, AdapterId};
+use loadlink_router::candidate::{Candidate, Candidates};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Per request, its model (an index into the served names) and adapter (a global index).
+#[derive(Debug, Clone, Copy, Default)]
+struct Named {
+    model: usize,
+    adapter: Option<u32>,
+}
+
+pub(crate) struct ModelRouting {
+    /// Per arrival.
+    named: Vec<Named>,
+    /// Per model: its candidates (engines serving it, or their ranks); with one model served
+    /// everywhere, the fleet's list as given.
+    lists: Vec<Vec<Candidate>>,
+    /// Per router replica: its adapter book; per adapter index: its id in every book.
+    books: Vec<AdapterBook>,
+    ids: Vec<Option<AdapterId>>,
+}
+
+impl ModelRouting {
+    /// The routing of `arrivals` over a fleet of `workers` (one replica's book) whose engine `e`
+    /// serves `served[e]` (empty: every engine serves every request) with `models[e]`; `all` is the
+    /// fleet's candidate list (empty: one per engine).
+    pub(crate) fn new(
+        arrivals: &[Arrival],
+        (served, models): (&[Arc<str>], &[ModelConfig]),
+        (workers, all): (&[Arc<Worker>], &[Candidate]),
+        replicas: usize,
+        cfg: AdapterBookConfig,
+    ) -> Self {
+        let mut model_ix: HashMap<&str, usize> = HashMap::new();
+        for name in served {
+            let n = model_ix.len();
+            model_ix.entry(name).or_insert(n);
+        }
+        let mut adapter_ix: HashMap<(&str, &str), u32> = HashMap::new();
+        let named = arrivals
+            .iter()
+            .map(|a| match &a.model {
+                Some(m) if !served.is_empty() => Named {
+                    // A model no engine serves gets the index past the list: no candidates.
+                    model: model_ix.get(m.model.as_ref()).copied().unwrap_or(usize::MAX),
+                    adapter: m.adapter.as_deref().map(|ad| {
+                        let n = adapter_ix.len() as u32;
+                        *adapter_ix.entry((m.model.as_ref(), ad)).or_insert(n)
+                    }),
+                },
+                _ => Named::default(),
+            })
+            .collect();
+        let whole: Vec<Candidate>;
+        let all = if all.is_empty() {
+            whole = (0..workers.len() as u32)
+                .map(|worker| Candidate { worker, rank: None })
+                .collect();
+            &whole[..]
+        } else {
+            all
+        };
+        let lists = match served.is_empty() {
+            true => vec![all.to_vec()],
+            false => {
+                let mut lists = vec![Vec::new(); model_ix.len()];
+                for c in all {
+                    lists[model_ix[served[c.worker as usize].as_ref()]].push(*c);
+                }
+                lists
+            }
+        };
+        let books: Vec<AdapterBook> = (0..replicas).map(|_| AdapterBook::new(cfg)).collect();
+        let mut ids = vec![None; adapter_ix.len()];
+        for book in &books {
+            for (e, w) in workers.iter().enumerate() {
+                let lora = models.get(e).map(|m| m.lora).unwrap_or_default();
+                if lora.max_loaded > 0 {
+                    book.configure(&w.url, Some(lora.max_loaded), Some(lora.load_time_s));
+                }
+            }
+            // Interned in index order in every book, so one id stands for an adapter in all.
+            let mut by_ix: Vec<_> = adapter_ix.iter().collect();
+            by_ix.sort_by_key(|(_, ix)| **ix);
+            for ((model, ad), &ix) in by_ix {
+                ids[ix as usize] = book.intern(&format!("{model}:{ad}"));
+            }
+        }
+        ModelRouting {
+            named,
+            lists,
+            books,
+            ids,
+        }
+    }
+
+    /// Request `i`'s candidates: the engines serving its model (empty: none does; a request that
+    /// names no model goes to the first model's).
+    pub(crate) fn candidates(&self, i: usize) -> &[Candidate] {
+        self.lists.get(self.named[i].model).map_or(&[], Vec::as_slice)
+    }
+
+    /// Request `i`'s adapter index for its engine's scheduler.
+    pub(crate) fn adapter(&self, i: usize) -> Option<u32> {
+        self.named[i].adapter
+    }
+
+    /// The seconds request `i`'s adapter costs on each of `targets`, as replica `r` believes, into
+    /// `out` (left empty for a request without an adapter).
+    pub(crate) fn fill_costs(&self, r: usize, i: usize, targets: Candidates<'_>, now_ms: u64, out: &mut Vec<f64>) {
+        out.clear();
+        if let Some(a) = self.named[i].adapter {
+            if let Some(id) = self.ids[a as usize] {
+                self.books[r].fill_costs(targets, id, now_ms, out);
+            }
+        }
+    }
+
+    /// Replica `r` sent request `i` to candidate `c` of `worker`.
+    pub(crate) fn dispatched(&self, r: usize, i: usize, worker: &Worker, c: Candidate, now_ms: u64) {
+        if let Some(a) = self.named[i].adapter {
+            if let Some(id) = self.ids[a as usize] {
+                self.books[r].record_dispatch(&worker.url, c.rank, id, now_ms);
+            }
+        }
+    }
+}
