@@ -279,6 +279,8 @@ async fn run_variant(
         cache_tokens: None,
         rejected: 0,
         loaded_back_tokens: 0,
+        adapter_loads: 0,
+        adapter_requests: 0,
     };
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;

@@ -115,6 +115,8 @@ struct Req {
     first: Option<f64>,
     done: Option<f64>,
     guard: Option<InflightGuard>,
+    /// The replica that routed it, its candidate, and when (ms).
+    routed: Option<(usize, Candidate, u64)>,
 }
 
 struct Sim<'a> {
@@ -134,7 +136,7 @@ struct Sim<'a> {
     /// Scratch for one pick: per candidate, the request's cached tokens, the part of them on a
     /// host tier only, and the cache's size; and the adapter's price.
     scratch: (Vec<u64>, Vec<u64>, Vec<u64>),
-    adapter_costs: Vec<f64>,
+    adapter_costs: Vec<loadlink_router::adapters::AdapterCost>,
     reqs: Vec<Req>,
     out: Outcome,
     queues: QueueSamples,
@@ -269,6 +271,10 @@ impl Sim<'_> {
             match ev {
                 Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
                 Event::Finished { id, .. } => {
+                    if let Some((r, c, sent)) = self.reqs[id as usize].routed {
+                        let w = &self.books[r][c.worker as usize];
+                        self.models.done(r, id as usize, w, c, (sent, ms(t)));
+                    }
                     let r = &mut self.reqs[id as usize];
                     r.done = Some(t);
                     r.first.get_or_insert(t);
@@ -440,6 +446,7 @@ impl Sim<'_> {
             self.reqs[i].guard = Some(InflightGuard::to_target(w, c.rank, uncached));
             self.caches[r].dispatched(c, &chain, ms(t));
             self.models.dispatched(r, i, &self.books[r][c.worker as usize], c, ms(t));
+            self.reqs[i].routed = Some((r, c, ms(t)));
             unit = Some(self.unit_for(c));
         }
         self.scratch = (cached, host, sizes);
@@ -494,6 +501,7 @@ pub fn simulate_with_queues(
                 first: None,
                 done: None,
                 guard: None,
+                routed: None,
             })
             .collect(),
         out: Outcome::default(),

@@ -20,21 +20,29 @@
 //!   this router never sees, so an entry unused for [`ADAPTER_HORIZON_MS`] is forgotten (as the
 //!   approximate prefix tree forgets blocks).
 //!
-//! **Price** ([`AdapterCost::seconds`]): 0 when resident; else the worker's load time (its
+//! **Price** ([`AdapterCost`]): 0 when resident; else the worker's load time (its
 //! advertised `lora_load_time_s`, else the book's default, `--adapter-load-s`), plus, when the pool
 //! is full, the reload the eviction causes: the evicted adapter's share of this rank's recent
 //! adapter requests (decayed counts, time constant [`RECENT_TAU_MS`]) is the chance the rank's
-//! next adapter request wants it back, so the expected reload is that share × the load time. A
-//! whole-worker candidate of several ranks is priced at the mean over its ranks (its engine's
-//! dispatcher picks the rank by load, not by adapter).
+//! next adapter request wants it back, so the expected reload is that share × the load time. An
+//! engine never evicts an adapter that running requests use: when every resident adapter has
+//! requests of this router in flight there ([`AdapterBook::record_done`] ends them), the request
+//! waits until one drains, priced as the time left of the soonest one's last request (the worker's
+//! mean request duration, measured from the same calls, after it was sent). That wait, not the load
+//! itself, is what makes an adapter-blind fleet slow: with 32 adapters and 4 slots per engine a
+//! full batch nearly always uses every slot. A whole-worker candidate of several ranks is priced
+//! at the mean over its ranks (its engine's dispatcher picks the rank by load, not by adapter).
 //!
 //! Adapter names are interned once ([`AdapterBook::intern`]); the hot path handles [`AdapterId`]s
 //! and looks workers up by their URL without allocating. One mutex guards the book; a request takes
 //! it once to price all its candidates ([`AdapterBook::fill_costs`]) and once to record its
 //! dispatch.
 
+mod slot;
+
 use crate::candidate::Candidates;
 use parking_lot::Mutex;
+use slot::{Entry, Pool, Slot};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -50,6 +58,11 @@ pub const DEFAULT_ADAPTER_LOAD_S: f64 = 0.05;
 /// An entry of the dispatch history unused this long is forgotten (the approximate prefix tree's
 /// time-to-live, `APPROX_TTL_MS`).
 pub const ADAPTER_HORIZON_MS: u64 = 120_000;
+/// Request duration (dispatch to finish) assumed on a worker before any finished there: about
+/// S1's mean (128 output tokens at 30 ms a step, plus its prefill and queue).
+pub const DEFAULT_REQUEST_S: f64 = 4.0;
+/// Weight of one finished request in a worker's mean request duration.
+const REQUEST_EWMA: f64 = 0.05;
 /// Time constant of the decayed request counts behind the eviction price.
 pub const RECENT_TAU_MS: f64 = 30_000.0;
 /// Distinct adapter names the book tracks; beyond it, new names are not interned (priced as
@@ -69,9 +82,30 @@ pub struct AdapterCost {
     pub resident: bool,
     /// Loading it evicts a resident adapter (the pool is full; on some rank, for a whole worker).
     pub evicts: bool,
-    /// The price: 0 when resident; else the load time, plus the expected reload of what it
-    /// evicts (the mean over the ranks, for a whole worker).
-    pub seconds: f64,
+    /// Every resident adapter has requests in flight: the request waits for one to drain.
+    pub waits: bool,
+    /// Seconds the engine loads for: 0 when resident; else one load, plus the expected reload
+    /// of what it evicts (the mean over the ranks, for a whole worker). The engine's batch pauses
+    /// for these ([`crate::policy::min_ttft`] prices that for every request on it).
+    pub load_s: f64,
+    /// Seconds the request waits for a resident adapter to drain (0 unless `waits`).
+    pub wait_s: f64,
+}
+
+impl AdapterCost {
+    /// Resident, or no adapter at all: nothing to pay.
+    pub const RESIDENT: AdapterCost = AdapterCost {
+        resident: true,
+        evicts: false,
+        waits: false,
+        load_s: 0.0,
+        wait_s: 0.0,
+    };
+
+    /// This request's own delay: the load and the wait.
+    pub fn seconds(&self) -> f64 {
+        self.load_s + self.wait_s
+    }
 }
 
 /// The book's settings.
@@ -80,6 +114,8 @@ pub struct AdapterBookConfig {
     pub default_capacity: usize,
     pub default_load_s: f64,
     pub horizon_ms: u64,
+    /// Request duration assumed until this router has seen requests on a worker finish, seconds.
+    pub request_s_prior: f64,
 }
 
 impl Default for AdapterBookConfig {
@@ -88,6 +124,7 @@ impl Default for AdapterBookConfig {
             default_capacity: DEFAULT_ADAPTER_CAPACITY,
             default_load_s: DEFAULT_ADAPTER_LOAD_S,
             horizon_ms: ADAPTER_HORIZON_MS,
+            request_s_prior: DEFAULT_REQUEST_S,
         }
     }
 }
@@ -105,110 +142,12 @@ pub struct AdapterCounters {
     pub reports: AtomicU64,
 }
 
-/// A count that decays with time constant [`RECENT_TAU_MS`].
-#[derive(Debug, Clone, Copy, Default)]
-struct Decayed {
-    value: f64,
-    at_ms: u64,
-}
-
-impl Decayed {
-    fn at(self, now_ms: u64) -> f64 {
-        let dt = now_ms.saturating_sub(self.at_ms) as f64;
-        self.value * (-dt / RECENT_TAU_MS).exp()
-    }
-
-    fn add(&mut self, now_ms: u64) {
-        *self = Decayed {
-            value: self.at(now_ms) + 1.0,
-            at_ms: now_ms.max(self.at_ms),
-        };
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    id: AdapterId,
-    last_ms: u64,
-    uses: Decayed,
-}
-
-/// One rank's resident adapters, least recently used first.
-#[derive(Debug, Clone, Default)]
-struct Slot {
-    lru: Vec<Entry>,
-    /// Every adapter request recorded on the rank.
-    total: Decayed,
-}
-
-impl Slot {
-    fn live(&self, now_ms: u64, horizon_ms: u64) -> impl Iterator<Item = &Entry> {
-        self.lru
-            .iter()
-            .filter(move |e| e.last_ms.saturating_add(horizon_ms) > now_ms)
-    }
-
-    fn cost(&self, id: AdapterId, capacity: usize, load_s: f64, now: u64, h: u64) -> AdapterCost {
-        let (mut live, mut victim) = (0, None);
-        for e in self.live(now, h) {
-            if e.id == id {
-                return AdapterCost {
-                    resident: true,
-                    evicts: false,
-                    seconds: 0.0,
-                };
-            }
-            live += 1;
-            victim = victim.or(Some(e));
-        }
-        let victim = victim.filter(|_| live >= capacity.max(1));
-        // The evicted adapter's share of the rank's recent requests: the chance the next one
-        // here wants it back.
-        let share = victim.map_or(0.0, |v| {
-            let total = self.total.at(now);
-            if total > 0.0 {
-                (v.uses.at(now) / total).clamp(0.0, 1.0)
-            } else {
-                0.0
-            }
-        });
-        AdapterCost {
-            resident: false,
-            evicts: victim.is_some(),
-            seconds: load_s * (1.0 + share),
-        }
-    }
-
-    /// Records a request for `id`; whether it was a load, and whether that evicted another.
-    fn record(&mut self, id: AdapterId, capacity: usize, now: u64, h: u64) -> (bool, bool) {
-        self.lru.retain(|e| e.last_ms.saturating_add(h) > now);
-        self.total.add(now);
-        if let Some(k) = self.lru.iter().position(|e| e.id == id) {
-            let mut e = self.lru.remove(k);
-            e.last_ms = now;
-            e.uses.add(now);
-            self.lru.push(e);
-            return (false, false);
-        }
-        let evicts = self.lru.len() >= capacity.max(1);
-        while self.lru.len() >= capacity.max(1) {
-            self.lru.remove(0);
-        }
-        let mut uses = Decayed::default();
-        uses.add(now);
-        self.lru.push(Entry {
-            id,
-            last_ms: now,
-            uses,
-        });
-        (true, evicts)
-    }
-}
-
 #[derive(Debug, Clone, Default)]
 struct WorkerAdapters {
     capacity: Option<usize>,
     load_s: Option<f64>,
+    /// Mean request duration from this router's finished requests there, ms (`None`: none yet).
+    request_ms: Option<f64>,
     slots: Vec<Slot>,
 }
 
@@ -260,8 +199,8 @@ impl AdapterBook {
     }
 
     /// The engine's report of the adapters resident on each rank (least recently used first):
-    /// replaces what the dispatch history believed there (the decayed request counts of adapters
-    /// still resident are kept). Names beyond the interner's bound are left out.
+    /// replaces what the dispatch history believed there (the decayed request counts and the
+    /// in-flight requests of adapters still resident are kept). Names beyond the interner's bound are left out.
     pub fn report(&self, worker: &str, ranks: &[Vec<String>], now_ms: u64) {
         let mut g = self.inner.lock();
         let ids: Vec<Vec<AdapterId>> = ranks
@@ -279,13 +218,14 @@ impl AdapterBook {
             let old = std::mem::take(&mut slot.lru);
             slot.lru = ids
                 .iter()
-                .map(|&id| Entry {
-                    id,
-                    last_ms: now_ms,
-                    uses: old
-                        .iter()
-                        .find(|e| e.id == id)
-                        .map_or_else(Default::default, |e| e.uses),
+                .map(|&id| {
+                    let was = old.iter().find(|e| e.id == id);
+                    Entry {
+                        id,
+                        last_ms: now_ms,
+                        uses: was.map_or_else(Default::default, |e| e.uses),
+                        inflight: was.map_or(0, |e| e.inflight),
+                    }
                 })
                 .collect();
         }
@@ -294,11 +234,11 @@ impl AdapterBook {
 
     /// A request for `adapter` was sent to `worker` (rank `rank`; `None`: the worker whole, whose
     /// dispatcher spreads its requests over every rank, so each rank is taken to hold it).
+    /// Pair it with [`AdapterBook::record_done`] when the request ends.
     pub fn record_dispatch(&self, worker: &str, rank: Option<u32>, adapter: AdapterId, now: u64) {
-        let h = self.cfg.horizon_ms;
         let mut g = self.inner.lock();
         let w = worker_mut(&mut g.workers, worker);
-        let cap = w.capacity.unwrap_or(self.cfg.default_capacity);
+        let pool = self.pool(w);
         let range = match rank.map(|r| r as usize) {
             Some(r) if r < MAX_REPORTED => {
                 if w.slots.len() <= r {
@@ -316,7 +256,7 @@ impl AdapterBook {
         };
         let (mut load, mut evict) = (false, false);
         for slot in &mut w.slots[range] {
-            let (l, e) = slot.record(adapter, cap, now, h);
+            let (l, e) = slot.record(adapter, pool, now);
             (load, evict) = (load | l, evict | e);
         }
         self.counters.dispatches.fetch_add(1, Relaxed);
@@ -325,6 +265,41 @@ impl AdapterBook {
         }
         if evict {
             self.counters.predicted_evictions.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A request recorded by [`AdapterBook::record_dispatch`] at `sent_ms` ended at `now` (finished,
+    /// failed or cancelled): its adapter has one request fewer in flight there, and its duration
+    /// enters the worker's mean.
+    pub fn record_done(
+        &self,
+        worker: &str,
+        rank: Option<u32>,
+        adapter: AdapterId,
+        (sent_ms, now): (u64, u64),
+    ) {
+        let mut g = self.inner.lock();
+        let Some(w) = g.workers.get_mut(worker) else {
+            return;
+        };
+        let took = now.saturating_sub(sent_ms) as f64;
+        let mean = w.request_ms.map_or(took, |m| m + REQUEST_EWMA * (took - m));
+        w.request_ms = Some(mean);
+        let slots = match rank {
+            Some(r) => w.slots.get_mut(r as usize..=r as usize),
+            None => Some(&mut w.slots[..]),
+        };
+        for slot in slots.into_iter().flatten() {
+            slot.done(adapter);
+        }
+    }
+
+    fn pool(&self, w: &WorkerAdapters) -> Pool {
+        Pool {
+            capacity: w.capacity.unwrap_or(self.cfg.default_capacity),
+            load_s: w.load_s.unwrap_or(self.cfg.default_load_s),
+            request_ms: w.request_ms.unwrap_or(self.cfg.request_s_prior * 1000.0),
+            horizon_ms: self.cfg.horizon_ms,
         }
     }
 
@@ -348,55 +323,43 @@ impl AdapterBook {
         id: AdapterId,
         now: u64,
     ) -> AdapterCost {
-        let h = self.cfg.horizon_ms;
-        let Some(w) = g.workers.get(worker) else {
-            return Slot::default().cost(id, 1, self.cfg.default_load_s, now, h);
-        };
-        let cap = w.capacity.unwrap_or(self.cfg.default_capacity);
-        let load_s = w.load_s.unwrap_or(self.cfg.default_load_s);
         let empty = Slot::default();
+        let Some(w) = g.workers.get(worker) else {
+            return empty.cost(id, self.pool(&WorkerAdapters::default()), now);
+        };
+        let pool = self.pool(w);
         match rank {
-            Some(r) => w
-                .slots
-                .get(r as usize)
-                .unwrap_or(&empty)
-                .cost(id, cap, load_s, now, h),
-            None if w.slots.len() <= 1 => w
-                .slots
-                .first()
-                .unwrap_or(&empty)
-                .cost(id, cap, load_s, now, h),
+            Some(r) => w.slots.get(r as usize).unwrap_or(&empty).cost(id, pool, now),
+            None if w.slots.len() <= 1 => w.slots.first().unwrap_or(&empty).cost(id, pool, now),
             None => {
                 // The engine's dispatcher picks the rank: the mean over its ranks.
-                let mut mean = AdapterCost {
-                    resident: true,
-                    evicts: false,
-                    seconds: 0.0,
-                };
-                for c in w.slots.iter().map(|s| s.cost(id, cap, load_s, now, h)) {
+                let mut mean = AdapterCost::RESIDENT;
+                for c in w.slots.iter().map(|s| s.cost(id, pool, now)) {
                     mean.resident &= c.resident;
                     mean.evicts |= c.evicts;
-                    mean.seconds += c.seconds / w.slots.len() as f64;
+                    mean.waits |= c.waits;
+                    mean.load_s += c.load_s / w.slots.len() as f64;
+                    mean.wait_s += c.wait_s / w.slots.len() as f64;
                 }
                 mean
             }
         }
     }
 
-    /// The price in seconds of `adapter` on each of `targets`, in their order, into `out`
-    /// (cleared first): one lock for the whole request.
+    /// The price of `adapter` on each of `targets`, in their order, into `out` (cleared first):
+    /// one lock for the whole request.
     pub fn fill_costs(
         &self,
         targets: Candidates<'_>,
         adapter: AdapterId,
         now: u64,
-        out: &mut Vec<f64>,
+        out: &mut Vec<AdapterCost>,
     ) {
         out.clear();
         let g = self.inner.lock();
         out.extend(targets.iter().map(|c| {
             let url = &targets.workers()[c.worker as usize].url;
-            self.price_in(&g, url, c.rank, adapter, now).seconds
+            self.price_in(&g, url, c.rank, adapter, now)
         }));
     }
 

@@ -56,28 +56,28 @@ fn prices_resident_absent_and_evicting() {
     // Unknown worker: a load at the default time, nothing to evict.
     let fresh = b.price(w, Some(0), a[0], 0);
     assert_eq!((fresh.resident, fresh.evicts), (false, false));
-    assert!((fresh.seconds - LOAD).abs() < 1e-12);
+    assert!((fresh.seconds() - LOAD).abs() < 1e-12);
     // a0 three times, a1 once: the pool (2) is full.
     for t in [100, 200, 300] {
         b.record_dispatch(w, Some(0), a[0], t);
     }
     b.record_dispatch(w, Some(0), a[1], 400);
-    assert_eq!(b.price(w, Some(0), a[1], 500).seconds, 0.0);
+    assert_eq!(b.price(w, Some(0), a[1], 500).seconds(), 0.0);
     // a2 would evict a0 (least recently used), which had ~3/4 of the rank's recent requests.
     let c = b.price(w, Some(0), a[2], 500);
     assert!(c.evicts && !c.resident);
-    let share = c.seconds / LOAD - 1.0;
+    let share = c.seconds() / LOAD - 1.0;
     assert!((share - 0.75).abs() < 0.01, "evicted share {share}");
     // The worker's own load time wins over the default.
     b.configure(w, None, Some(0.2));
-    assert!((b.price(w, Some(0), a[2], 500).seconds - 0.2 * (1.0 + share)).abs() < 1e-3);
+    assert!((b.price(w, Some(0), a[2], 500).seconds() - 0.2 * (1.0 + share)).abs() < 1e-3);
     // A larger advertised pool has room: a load, no eviction.
     b.configure(w, Some(4), Some(0.2));
     let c = b.price(w, Some(0), a[2], 500);
-    assert_eq!((c.evicts, c.seconds), (false, 0.2));
+    assert_eq!((c.evicts, c.seconds()), (false, 0.2));
     // Nonsense advertised values count as not advertised.
     b.configure(w, Some(0), Some(f64::NAN));
-    assert!((b.price(w, Some(1), a[2], 500).seconds - LOAD).abs() < 1e-12);
+    assert!((b.price(w, Some(1), a[2], 500).seconds() - LOAD).abs() < 1e-12);
 }
 
 #[test]
@@ -135,8 +135,9 @@ fn whole_workers_are_priced_at_the_mean_over_ranks_and_candidates_in_order() {
             rank: None,
         },
     ];
-    let mut out = vec![9.0; 1];
-    b.fill_costs(Candidates::listed(&workers, &list), a[0], 10, &mut out);
+    let mut costs = vec![AdapterCost::RESIDENT; 1];
+    b.fill_costs(Candidates::listed(&workers, &list), a[0], 10, &mut costs);
+    let out: Vec<f64> = costs.iter().map(AdapterCost::seconds).collect();
     assert_eq!(out.len(), 4);
     assert_eq!((out[0], out[3]), (0.0, 0.0));
     assert!((out[1] - LOAD).abs() < 1e-12);

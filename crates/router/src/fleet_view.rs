@@ -4,6 +4,7 @@
 //! candidate `i`. Built per request from the fleet's lists; kept apart from [`crate::fleet`], which
 //! owns membership and subscriptions, because policies and admission read this and nothing else.
 
+use crate::adapters::AdapterCost;
 use crate::book::{LoadSignal, Pricing, Worker};
 use crate::candidate::{Candidate, Candidates};
 use crate::policy::View;
@@ -31,9 +32,9 @@ pub struct FleetView<'a> {
     pub host_cached: &'a [u64],
     /// Per candidate, the tokens the router believes cached there in all; empty: unknown.
     pub cache_sizes: &'a [u64],
-    /// Per candidate, the seconds of loading the request's LoRA adapter there, and of reloading
-    /// what that evicts ([`crate::adapters::AdapterBook::fill_costs`]); empty: no adapter.
-    pub adapter_costs: &'a [f64],
+    /// Per candidate, what the request's LoRA adapter costs there: a load, the reload of what it
+    /// evicts, a wait for a slot ([`crate::adapters::AdapterBook::fill_costs`]); empty: no adapter.
+    pub adapter_costs: &'a [AdapterCost],
 }
 
 impl<'a> FleetView<'a> {
@@ -115,8 +116,8 @@ impl<'a> FleetView<'a> {
         self
     }
 
-    /// The view with the seconds the request's adapter costs on each candidate (same order).
-    pub fn with_adapter_costs(mut self, adapter_costs: &'a [f64]) -> Self {
+    /// The view with what the request's adapter costs on each candidate (same order).
+    pub fn with_adapter_costs(mut self, adapter_costs: &'a [AdapterCost]) -> Self {
         self.adapter_costs = adapter_costs;
         self
     }
@@ -175,8 +176,8 @@ impl View for FleetView<'_> {
         self.host_cached.get(i).copied().unwrap_or(0)
     }
     #[inline]
-    fn adapter_load_s(&self, i: usize) -> f64 {
-        self.adapter_costs.get(i).copied().unwrap_or(0.0)
+    fn adapter_cost(&self, i: usize) -> AdapterCost {
+        self.adapter_costs.get(i).copied().unwrap_or(AdapterCost::RESIDENT)
     }
     fn host_load_s_per_token(&self, i: usize) -> Option<f64> {
         match self.worker(i).host_load_tokens_per_s.load(Relaxed) {

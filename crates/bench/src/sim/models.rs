@@ -15,7 +15,7 @@
 use crate::workload::Arrival;
 use loadlink_engine::model::ModelConfig;
 use loadlink_router::Worker;
-use loadlink_router::adapters::{AdapterBook, AdapterBookConfig, AdapterId};
+use loadlink_router::adapters::{AdapterBook, AdapterBookConfig, AdapterCost, AdapterId};
 use loadlink_router::candidate::{Candidate, Candidates};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -125,12 +125,19 @@ impl ModelRouting {
 
     /// The seconds request `i`'s adapter costs on each of `targets`, as replica `r` believes, into
     /// `out` (left empty for a request without an adapter).
-    pub(crate) fn fill_costs(&self, r: usize, i: usize, targets: Candidates<'_>, now_ms: u64, out: &mut Vec<f64>) {
+    pub(crate) fn fill_costs(&self, r: usize, i: usize, targets: Candidates<'_>, now_ms: u64, out: &mut Vec<AdapterCost>) {
         out.clear();
         if let Some(a) = self.named[i].adapter {
             if let Some(id) = self.ids[a as usize] {
                 self.books[r].fill_costs(targets, id, now_ms, out);
             }
+        }
+    }
+
+    /// Request `i`, sent by replica `r` to candidate `c` of `worker` at `sent_ms`, finished.
+    pub(crate) fn done(&self, r: usize, i: usize, worker: &Worker, c: Candidate, at: (u64, u64)) {
+        if let Some(id) = self.named[i].adapter.and_then(|a| self.ids[a as usize]) {
+            self.books[r].record_done(&worker.url, c.rank, id, at);
         }
     }
 

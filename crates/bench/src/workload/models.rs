@@ -31,10 +31,12 @@ struct Cdf(Vec<f64>);
 impl Cdf {
     fn new(weights: impl Iterator<Item = f64>) -> Self {
         let mut acc = 0.0;
-        let mut c: Vec<f64> = weights.map(|w| {
-            acc += w.max(0.0);
-            acc
-        });
+        let mut c: Vec<f64> = weights
+            .map(|w| {
+                acc += w.max(0.0);
+                acc
+            })
+            .collect();
         let total = acc.max(f64::MIN_POSITIVE);
         c.iter_mut().for_each(|x| *x /= total);
         Cdf(c)
@@ -117,7 +119,10 @@ mod tests {
         ];
         assign_models(&mut a, &mix, 7);
         let n = a.len() as f64;
-        let named = |m: &str| a.iter().filter(|x| x.model.as_ref().unwrap().model.as_ref() == m);
+        let named = |m: &'static str| {
+            a.iter()
+                .filter(move |x| x.model.as_ref().unwrap().model.as_ref() == m)
+        };
         assert!((named("big").count() as f64 / n - 0.25).abs() < 0.01);
         assert!(named("big").all(|x| x.model.as_ref().unwrap().adapter.is_none()));
         let count = |k: usize| {

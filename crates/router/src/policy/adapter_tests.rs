@@ -3,12 +3,25 @@
 //! `cache_aware` and the load policies ignore the term.
 
 use super::*;
+use crate::adapters::AdapterCost;
 
 /// Idle-but-for-a-queue workers; the request's adapter costs `adapter[i]` seconds on worker i.
+#[derive(Clone, Copy)]
 struct Adapters {
     queued: [f64; 3],
+    /// The adapter's load seconds on each worker (0: resident).
     adapter: [f64; 3],
+    /// The wait for a slot on each worker.
+    wait: [f64; 3],
+    requests: [i64; 3],
 }
+
+const IDLE: Adapters = Adapters {
+    queued: [0.0; 3],
+    adapter: [0.0; 3],
+    wait: [0.0; 3],
+    requests: [0; 3],
+};
 
 impl View for Adapters {
     fn len(&self) -> usize {
@@ -26,14 +39,23 @@ impl View for Adapters {
     fn queued_prefill_s(&self, i: usize) -> Option<f64> {
         Some(self.queued[i])
     }
-    fn engine_requests(&self, _: usize) -> Option<i64> {
-        Some(0)
+    fn engine_requests(&self, i: usize) -> Option<i64> {
+        Some(self.requests[i])
     }
     fn prefill_s_per_token(&self, _: usize) -> f64 {
         1e-4
     }
-    fn adapter_load_s(&self, i: usize) -> f64 {
-        self.adapter[i]
+    fn adapter_cost(&self, i: usize) -> AdapterCost {
+        match self.adapter[i] {
+            0.0 => AdapterCost::RESIDENT,
+            load_s => AdapterCost {
+                resident: false,
+                evicts: false,
+                waits: false,
+                load_s,
+                wait_s: self.wait[i],
+            },
+        }
     }
 }
 
@@ -48,8 +70,8 @@ fn min_ttft_goes_where_the_adapter_is_until_the_queue_costs_more_than_a_load() {
     let aware = Policy::MinTtft(MinTtft::default());
     // Equal load: worker 1 holds the adapter.
     let v = Adapters {
-        queued: [0.0; 3],
         adapter: [LOAD, 0.0, LOAD],
+        ..IDLE
     };
     assert_eq!(picks(aware, &v), [1].into());
     // Worker 1 is busier by less than a load: still there.
@@ -69,8 +91,26 @@ fn min_ttft_goes_where_the_adapter_is_until_the_queue_costs_more_than_a_load() {
     let v = Adapters {
         queued: [0.0, 0.0, 0.02],
         adapter: [LOAD * 1.6, LOAD * 1.6, LOAD],
+        ..IDLE
     };
     assert_eq!(picks(aware, &v), [2].into());
+    // A load pauses the engine's batch: with 5 requests on the only worker lacking the adapter,
+    // it costs 6 loads there, more than a 0.2 s queue where the adapter is.
+    let v = Adapters {
+        queued: [0.2, 0.0, 0.0],
+        adapter: [0.0, LOAD, LOAD],
+        requests: [0, 5, 5],
+        ..IDLE
+    };
+    assert_eq!(picks(aware, &v), [0].into());
+    // Every slot busy: the wait for one to drain counts in full.
+    let v = Adapters {
+        queued: [0.0, 0.3, 0.0],
+        adapter: [LOAD, 0.0, LOAD],
+        wait: [1.0, 0.0, 0.2],
+        ..IDLE
+    };
+    assert_eq!(picks(aware, &v), [1].into());
 }
 
 #[test]
@@ -82,6 +122,7 @@ fn blind_min_ttft_cache_aware_and_load_policies_ignore_adapters() {
     let v = Adapters {
         queued: [0.0, 0.01, 0.0],
         adapter: [LOAD, 0.0, LOAD],
+        ..IDLE
     };
     assert_eq!(
         picks(blind, &v),
@@ -89,8 +130,8 @@ fn blind_min_ttft_cache_aware_and_load_policies_ignore_adapters() {
         "the shorter queues, adapter or not"
     );
     let same = Adapters {
-        queued: [0.0; 3],
         adapter: [LOAD, 0.0, LOAD],
+        ..IDLE
     };
     let free = Adapters {
         adapter: [0.0; 3],

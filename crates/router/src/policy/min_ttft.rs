@@ -15,10 +15,12 @@
 //!   between a device hit and a miss. `blind` prices it as a device hit (free), as routers do
 //!   today; SGLang #39108 is what that costs once sessions outlive their device pages;
 //! * `adapter(i)` (with `--adapter-pricing aware`, the default): for a request naming a LoRA
-//!   adapter, 0 where the router believes it resident, else the worker's adapter load time plus
-//!   the expected reload of the adapter the load evicts ([`crate::adapters`]). So at equal load a
-//!   request goes where its adapter is, and stops going there once that worker's queue costs more
-//!   than a load elsewhere. `blind` leaves the term out, as routers do today;
+//!   adapter, 0 where the router believes it resident; else the worker's adapter load time plus
+//!   the expected reload of the adapter the load evicts ([`crate::adapters`]), times the requests
+//!   the load delays (this one and `requests(i)`: the engine pauses its batch for a load), plus
+//!   the wait for a slot when every resident adapter is in use. So at equal load a request goes
+//!   where its adapter is, and stops going there once that worker's queue costs more than a load
+//!   elsewhere. `blind` leaves the term out, as routers do today;
 //! * `requests(i)`: queued and running requests; each costs decode steps interleaved with the
 //!   prefill (the backlog signal's per-request weight);
 //! * `s_per_token(i)`: that engine's measured prefill speed, so a slow engine is priced as slow;
@@ -172,10 +174,23 @@ impl MinTtft {
             0.0
         };
         let adapter_s = match self.adapter_pricing {
-            AdapterPricing::Aware => view.adapter_load_s(i),
+            AdapterPricing::Aware => self.adapter_s(view, i, &p),
             AdapterPricing::Blind => 0.0,
         };
         queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty
+    }
+
+    /// The adapter term: the request's wait for a slot, plus the engine's load time for every
+    /// request on it (this one, and the running and waiting ones its batch pause delays: a load is
+    /// the whole engine's, not the request's alone); 0 on the common path without adapters.
+    #[inline]
+    fn adapter_s(&self, view: &impl View, i: usize, p: &super::Price) -> f64 {
+        let c = view.adapter_cost(i);
+        if c.resident {
+            return 0.0;
+        }
+        let others = p.engine_requests.unwrap_or(p.inflight).max(0) as f64;
+        c.load_s * (1.0 + others) + c.wait_s
     }
 
     /// Seconds to load back the host-tier part of candidate `i`'s `cached` tokens (0 when blind,

@@ -45,12 +45,13 @@ pub trait View {
     fn host_load_s_per_token(&self, _i: usize) -> Option<f64> {
         None
     }
-    /// Seconds worker `i` would spend loading this request's LoRA adapter (0 when it is resident,
-    /// or the request names none), plus the expected reload of the adapter that load evicts
-    /// ([`crate::adapters`]). Only `min_ttft` (adapter-aware) reads it; `cache_aware` and the
-    /// load-only policies place requests as if adapters were free (adapter-blind).
-    fn adapter_load_s(&self, _i: usize) -> f64 {
-        0.0
+    /// What this request's LoRA adapter costs on worker `i` ([`crate::adapters`]): nothing when
+    /// it is resident or the request names none; else a load, the expected reload of the adapter
+    /// the load evicts, and a wait when every resident adapter is in use. Only `min_ttft`
+    /// (adapter-aware) reads it; `cache_aware` and the load-only policies place requests as if
+    /// adapters were free (adapter-blind).
+    fn adapter_cost(&self, _i: usize) -> crate::adapters::AdapterCost {
+        crate::adapters::AdapterCost::RESIDENT
     }
     /// Tokens the router believes worker `i` caches in all (the size of its tree or index slot):
     /// `cache_aware` sends a request without a good match to the worker with the least.

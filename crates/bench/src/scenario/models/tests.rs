@@ -61,3 +61,32 @@ fn adapter_aware_min_ttft_loads_adapters_less_often_than_blind() {
     );
     assert!(acceptance(&rows).contains("the adapter loads"));
 }
+
+#[test]
+#[ignore]
+fn explore() {
+    let mut s = scenario();
+    s.duration_s = std::env::var("ADP_DUR").ok().and_then(|v| v.parse().ok()).unwrap_or(120.0);
+    let load: f64 = std::env::var("ADP_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(s.load);
+    for seed in 1..=2 {
+        let rows = comparison(&s, seed, load, &MODEL_VARIANTS, |_| {});
+        eprintln!("seed {seed} ADP_SCALE={:?}\n{}{}", std::env::var("ADP_SCALE"), table(&rows), acceptance(&rows));
+    }
+}
+
+#[test]
+#[ignore]
+fn explore_per_model() {
+    let mut s = scenario();
+    s.duration_s = 120.0;
+    let load: f64 = std::env::var("ADP_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(s.load);
+    let all = arrivals(&s, 1, load);
+    for m in [BASE] {
+        let a: Vec<_> = all.iter().filter(|x| x.model.as_ref().unwrap().model.as_ref() == m).cloned().collect();
+        for v in &MODEL_VARIANTS[2..] {
+            let cfg = super::super::sim_config(&s, v, None);
+            let o = simulate(&cfg, &a, 600.0);
+            eprintln!("{m} {} n={} loads={} p50={:.3} p99={:.3} adreq={}", v.label, a.len(), o.adapter_loads, quantile(&o.ttft, 0.5), quantile(&o.ttft, 0.99), o.adapter_requests);
+        }
+    }
+}
