@@ -3,7 +3,9 @@
 
 use anyhow::Result;
 use clap::Args;
-use loadlink_engine::{Engine, EngineConfig, Flavor, ModelConfig, PublishPoint, Timing};
+use loadlink_engine::{
+    AdapterSpec, Engine, EngineConfig, Flavor, LoraConfig, ModelConfig, PublishPoint, Timing,
+};
 use loadlink_wire::Generation;
 
 #[derive(Args)]
@@ -90,9 +92,36 @@ pub struct EngineArgs {
     /// `/server_info`, `/get_server_info` and `/v1/loads`), to test a router's load sources.
     #[arg(long, default_value = "sglang", value_parser = Flavor::parse)]
     flavor: Flavor,
-    /// Model name served in /v1/models and responses.
-    #[arg(long, default_value = "loadlink-sim")]
-    model_name: String,
+    /// Name the model is served under (/v1/models, /server_info, responses). Repeatable, or
+    /// several after one flag (vLLM's spelling); the first is the primary name. `--model-name` is
+    /// an alias.
+    #[arg(
+        long = "served-model-name",
+        alias = "model-name",
+        num_args = 1..,
+        action = clap::ArgAction::Append,
+        default_value = "loadlink-sim"
+    )]
+    served_model_name: Vec<String>,
+    /// The model's path, as /server_info and /v1/models report it (default: the primary name).
+    #[arg(long)]
+    model_path: Option<String>,
+    /// LoRA adapters to serve, SGLang's spelling: NAME=PATH, a bare PATH (named by itself), or
+    /// {"lora_name":..,"lora_path":..}. Repeatable, or several after one flag.
+    #[arg(long, num_args = 1.., action = clap::ArgAction::Append, value_parser = AdapterSpec::parse)]
+    lora_paths: Vec<AdapterSpec>,
+    /// LoRA adapters to serve, vLLM's spelling (NAME=PATH or {"name":..,"path":..}); same effect
+    /// as --lora-paths.
+    #[arg(long, num_args = 1.., action = clap::ArgAction::Append, value_parser = AdapterSpec::parse)]
+    lora_modules: Vec<AdapterSpec>,
+    /// Adapters resident at once per rank; loading another evicts the least recently used idle
+    /// one. Default 4 when adapters are given.
+    #[arg(long)]
+    max_loaded_loras: Option<usize>,
+    /// Seconds one adapter load takes; the rank's batch pauses for it (SGLang loads
+    /// synchronously).
+    #[arg(long, default_value_t = loadlink_engine::served::DEFAULT_LORA_LOAD_TIME_S)]
+    lora_load_time: f64,
     /// Stop after this many seconds (0: until SIGINT or SIGTERM).
     #[arg(long, default_value_t = 0.0, value_parser = crate::seconds::run_duration)]
     duration: f64,
@@ -134,6 +163,22 @@ pub fn run(a: EngineArgs) -> Result<()> {
             a.hicache_load_rate
         );
     }
+    if !a.lora_load_time.is_finite() || a.lora_load_time < 0.0 {
+        anyhow::bail!(
+            "--lora-load-time must be a non-negative number of seconds, got {}",
+            a.lora_load_time
+        );
+    }
+    let mut adapters = a.lora_paths;
+    adapters.extend(a.lora_modules);
+    let max_loaded = match (a.max_loaded_loras, adapters.is_empty()) {
+        (Some(0), false) => anyhow::bail!("--max-loaded-loras must be at least 1 with adapters"),
+        (Some(n), false) => n,
+        (None, false) => loadlink_engine::served::DEFAULT_MAX_LOADED_LORAS,
+        (_, true) => 0,
+    };
+    let mut names = a.served_model_name.into_iter();
+    let model_name = names.next().unwrap_or_else(|| "loadlink-sim".into());
     let cfg = EngineConfig {
         host: a.host,
         port: a.port,
@@ -154,6 +199,10 @@ pub fn run(a: EngineArgs) -> Result<()> {
                 tokens: a.hicache_size,
                 load_tokens_per_s: a.hicache_load_rate,
             },
+            lora: LoraConfig {
+                max_loaded,
+                load_time_s: a.lora_load_time,
+            },
         },
         time_scale: a.time_scale,
         kv_events_config: a.kv_events_config,
@@ -161,7 +210,10 @@ pub fn run(a: EngineArgs) -> Result<()> {
         publish_interval: a.load_snapshot_publish_interval,
         generation: a.load_wire,
         max_body_bytes: a.max_body_bytes,
-        model_name: a.model_name,
+        model_name,
+        extra_served_names: names.collect(),
+        model_path: a.model_path,
+        adapters,
         publish_point: a.publish_point,
         flavor: a.flavor,
         kv_epoch_in_topic: a.kv_epoch_in_topic,

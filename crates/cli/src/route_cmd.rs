@@ -38,6 +38,16 @@ pub struct RouteArgs {
     /// The DNS server to ask (IP:PORT); default: the system's resolver configuration.
     #[arg(long)]
     dns_server: Option<std::net::SocketAddr>,
+    /// The model a request goes to when it names none (`/generate`, or OpenAI's `model` absent or
+    /// SGLang's placeholder "default"). Without it: the only model the fleet serves; with several,
+    /// such a request is answered 400. A request naming a model no worker serves is answered 404
+    /// model_not_found. See docs/router.md, "Models and adapters".
+    #[arg(long)]
+    default_model: Option<String>,
+    /// How often every worker's served models and adapters are re-read (seconds; 0: only when the
+    /// worker is discovered). A worker restarted with another model is re-registered within this.
+    #[arg(long, default_value_t = d().model_refresh_ms as f64 / 1000.0, value_parser = model_refresh)]
+    model_refresh_interval: f64,
     /// min_ttft (the least predicted time to first token: engine backlog, this request's
     /// uncached tokens there, that engine's measured prefill speed) | cache_aware (SGLang's
     /// algorithm) | power_of_two | least_load | round_robin | random. See docs/router.md.
@@ -142,6 +152,17 @@ pub struct RouteArgs {
     drain_timeout: f64,
 }
 
+/// `--model-refresh-interval`: seconds, 0 (off) to a day.
+fn model_refresh(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("expected seconds (a number), got {s:?}"))?;
+    if !(0.0..=86_400.0).contains(&v) {
+        return Err(format!("expected 0 to 86400 seconds, got {v}"));
+    }
+    Ok(v)
+}
+
 fn policy_name(s: &str) -> Result<String, String> {
     Policy::parse(s).map(|_| s.to_string())
 }
@@ -189,6 +210,10 @@ impl RouteArgs {
                 .map_err(anyhow::Error::msg)?,
             drain_timeout: drain_seconds("--drain-timeout", self.drain_timeout)
                 .map_err(anyhow::Error::msg)?,
+            default_model: self.default_model.clone().filter(|m| !m.is_empty()),
+            model_refresh_ms: (model_refresh(&self.model_refresh_interval.to_string())
+                .map_err(|e| anyhow::anyhow!("--model-refresh-interval: {e}"))?
+                * 1000.0) as u64,
             ..RouterConfig::default()
         };
         crate::seconds::check_run_duration(self.duration).map_err(anyhow::Error::msg)?;

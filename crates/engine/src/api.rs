@@ -37,6 +37,43 @@ pub struct GenRequest {
     /// The body's DP rank (`routed_dp_rank`, else `data_parallel_rank`), as written; the
     /// header and the range check are applied by the handler ([`crate::routed`]).
     pub routed_dp_rank: Option<i128>,
+    /// SGLang's `lora_path`: the adapter to run with, by name (loadlink also takes its path).
+    pub lora_path: Option<String>,
+    /// The cache namespace fields: `cache_salt` (empty counts as none, as in SGLang) and
+    /// `extra_key`.
+    pub cache_salt: Option<String>,
+    pub extra_key: Option<String>,
+}
+
+/// The body fields that select an adapter and a cache namespace, on every route.
+struct Scope {
+    lora_path: Option<String>,
+    cache_salt: Option<String>,
+    extra_key: Option<String>,
+}
+
+fn scope(m: &Map<String, Value>) -> Result<Scope, String> {
+    Ok(Scope {
+        lora_path: one_string(m, "lora_path")?,
+        cache_salt: one_string(m, "cache_salt")?.filter(|s| !s.is_empty()),
+        extra_key: one_string(m, "extra_key")?,
+    })
+}
+
+/// A string field, also taken in SGLang's batch form when the batch is one request: a list of one
+/// string (or null).
+fn one_string(m: &Map<String, Value>, key: &str) -> Result<Option<String>, String> {
+    let expected = || format!("{key}: expected a string or a list of one string");
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
+            Value::Null => Ok(None),
+            Value::String(s) => Ok(Some(s.clone())),
+            _ => Err(expected()),
+        },
+        Some(_) => Err(expected()),
+    }
 }
 
 /// Upper bound on `max_tokens` (a simulator guard against absurd values).
@@ -92,6 +129,7 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
     let m = json_object(body)?;
     boolean(&m, "ignore_eos")?;
     let ids = prompt_ids(PromptRoute::Completions, &m)?;
+    let sc = scope(&m)?;
     Ok(GenRequest {
         route: Route::Completions,
         model: model(&m)?,
@@ -101,6 +139,9 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
         stream: boolean(&m, "stream")?,
         include_usage: include_usage(&m),
         routed_dp_rank: body_rank(Route::Completions, &m)?,
+        lora_path: sc.lora_path,
+        cache_salt: sc.cache_salt,
+        extra_key: sc.extra_key,
     })
 }
 
@@ -113,6 +154,7 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
         Some(v) if !v.is_null() => uint(&m, "max_completion_tokens", 128)?,
         _ => uint(&m, "max_tokens", 128)?,
     };
+    let sc = scope(&m)?;
     Ok(GenRequest {
         route: Route::Chat,
         model: model(&m)?,
@@ -122,6 +164,9 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
         stream: boolean(&m, "stream")?,
         include_usage: include_usage(&m),
         routed_dp_rank: body_rank(Route::Chat, &m)?,
+        lora_path: sc.lora_path,
+        cache_salt: sc.cache_salt,
+        extra_key: sc.extra_key,
     })
 }
 
@@ -138,6 +183,7 @@ pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
         }
         Some(v) => return Err(format!("sampling_params: expected an object, got {v}")),
     };
+    let sc = scope(&m)?;
     Ok(GenRequest {
         route: Route::Generate,
         model: None,
@@ -147,6 +193,9 @@ pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
         stream: boolean(&m, "stream")?,
         include_usage: true,
         routed_dp_rank: body_rank(Route::Generate, &m)?,
+        lora_path: sc.lora_path,
+        cache_salt: sc.cache_salt,
+        extra_key: sc.extra_key,
     })
 }
 
@@ -182,6 +231,35 @@ mod tests {
         let g = parse_generate(br#"{"text":"abcdefgh","sampling_params":{"max_new_tokens":7}}"#)
             .unwrap();
         assert_eq!((g.prompt_tokens, g.max_tokens), (2, 7));
+    }
+
+    #[test]
+    fn adapter_and_namespace_fields_on_every_route() {
+        let c = parse_completions(
+            br#"{"prompt":"x","lora_path":"a","cache_salt":"s","extra_key":["k"]}"#,
+        )
+        .unwrap();
+        let fields = |r: &GenRequest| {
+            (
+                r.lora_path.clone(),
+                r.cache_salt.clone(),
+                r.extra_key.clone(),
+            )
+        };
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(fields(&c), (some("a"), some("s"), some("k")));
+        let chat = parse_chat(
+            br#"{"messages":[{"role":"user","content":"x"}],"lora_path":[null],"cache_salt":""}"#,
+        )
+        .unwrap();
+        assert_eq!(fields(&chat), (None, None, None), "empty salt is none");
+        let g = parse_generate(br#"{"text":"x","lora_path":"/p/a","extra_key":""}"#).unwrap();
+        assert_eq!(fields(&g), (some("/p/a"), None, some("")));
+        let e = parse_generate(br#"{"text":"x","lora_path":["a","b"]}"#).unwrap_err();
+        assert!(e.starts_with("lora_path: expected a string"), "{e}");
+        let e = parse_chat(br#"{"messages":[{"role":"user","content":"x"}],"cache_salt":7}"#)
+            .unwrap_err();
+        assert!(e.starts_with("cache_salt: expected a string"), "{e}");
     }
 
     #[test]

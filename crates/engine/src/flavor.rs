@@ -87,6 +87,7 @@ pub(crate) async fn vllm_metrics(State(st): State<Arc<AppState>>) -> Response {
             family.sample(&labels, read(s));
         }
     }
+    crate::metrics::model_families(&mut page, &st);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         page.finish(),
@@ -94,21 +95,12 @@ pub(crate) async fn vllm_metrics(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// `GET /v1/models` in the vLLM flavour (its `ModelCard`).
+/// `GET /v1/models` in the vLLM flavour (its `ModelCard`s: served names, then adapters).
 pub(crate) async fn vllm_models(State(st): State<Arc<AppState>>) -> Response {
-    let name = &st.cfg.model_name;
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "vllm",
-            "root": name,
-            "parent": null,
-            "max_model_len": st.cfg.model.max_total_tokens,
-            "permission": [],
-        }],
-    }))
-    .into_response()
+    let base = json!({
+        "max_model_len": st.cfg.model.max_total_tokens,
+        "permission": [],
+    });
+    let data = crate::discovery::model_cards(&st, "vllm", &base);
+    axum::Json(json!({ "object": "list", "data": data })).into_response()
 }

@@ -9,11 +9,13 @@
 //! [`crate::metrics`] (`/metrics`).
 
 use crate::api::Route;
+use crate::discovery::{model_info, models, server_info};
 use crate::dispatch::Dispatcher;
 use crate::flavor::Flavor;
 use crate::rank::{RankHandle, spawn};
 use crate::reply::error;
-use crate::routes::{generate, get_load, loads, model_info, models, server_info};
+use crate::routes::{generate, get_load, loads};
+use crate::served::{DEFAULT_MAX_LOADED_LORAS, Served};
 use crate::state::AppState;
 pub use crate::state::EngineConfig;
 use axum::Router;
@@ -49,6 +51,8 @@ pub enum EngineError {
     },
     #[error("opening the internal load slot file {path}: {reason}")]
     Shm { path: String, reason: String },
+    #[error("served models: {0}")]
+    Served(String),
 }
 
 impl Engine {
@@ -60,6 +64,14 @@ impl Engine {
         }
         if cfg.dp_size == 0 || cfg.dp_size > 1024 {
             return Err(EngineError::DpSize(cfg.dp_size));
+        }
+        let names = std::iter::once(cfg.model_name.clone())
+            .chain(cfg.extra_served_names.iter().cloned())
+            .collect();
+        let served = Served::new(names, cfg.model_path.clone(), cfg.adapters.clone())
+            .map_err(EngineError::Served)?;
+        if !served.adapters.is_empty() && cfg.model.lora.max_loaded == 0 {
+            cfg.model.lora.max_loaded = DEFAULT_MAX_LOADED_LORAS;
         }
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -106,6 +118,8 @@ impl Engine {
             open_requests: Arc::default(),
             draining: AtomicBool::new(false),
             rank_requests: (0..cfg_ranks).map(|_| Default::default()).collect(),
+            model_requests: served.labels().map(|_| AtomicU64::new(0)).collect(),
+            served,
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cycle;
+mod discovery;
 mod dispatch;
 pub mod flavor;
 pub mod host_tier;
@@ -17,11 +18,13 @@ pub mod rank;
 mod reply;
 mod routed;
 mod routes;
+pub mod served;
 mod state;
 pub use loadlink_wire::tokenize;
 
 pub use cycle::{CycleEvent, IDLE_PUBLISH_FLOOR, Publish, PublishCycle, PublishPoint};
 pub use flavor::Flavor;
 pub use http::{Engine, EngineError};
-pub use model::{ModelConfig, Timing};
+pub use model::{LoraConfig, ModelConfig, Timing};
+pub use served::AdapterSpec;
 pub use state::EngineConfig;

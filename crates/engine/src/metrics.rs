@@ -54,6 +54,52 @@ fn rank_requests_family(page: &mut Exposition, st: &AppState) {
     }
 }
 
+loadlink_wire::label_set! {
+    /// The `model` label of `loadlink_engine_model_requests_total`.
+    struct ModelLabel<'a> { model: &'a str }
+}
+
+/// What each model and adapter was asked for (`loadlink_engine_model_requests_total{model}`: each
+/// served name, each adapter, and `<unserved>` for requests naming anything else, whether served
+/// by the base model anyway (SGLang) or refused), and the adapters' loads and residency per rank.
+/// Both flavours serve them.
+pub(crate) fn model_families(page: &mut Exposition, st: &AppState) {
+    let mut family = page.family(
+        "loadlink_engine_model_requests_total",
+        MetricType::Counter,
+        "Generation requests by the model or adapter they asked for (<unserved>: one this engine \
+         does not serve)",
+    );
+    for (model, n) in st.served.labels().zip(&st.model_requests) {
+        family.sample(&ModelLabel { model }, n.load(Ordering::Relaxed));
+    }
+    drop(family);
+    for (name, ty, help, read) in LORA_FAMILIES {
+        let mut family = page.family(name, ty, help);
+        for r in &st.ranks {
+            family.sample(
+                &Rank { rank: r.rank },
+                read(&r.cache).load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+const LORA_FAMILIES: [(&str, MetricType, &str, CacheReading); 2] = [
+    (
+        "loadlink_engine_lora_loads_total",
+        MetricType::Counter,
+        "LoRA adapter loads (each paused its rank's batch for the load time)",
+        |c| &c.lora_loads,
+    ),
+    (
+        "loadlink_engine_lora_resident",
+        MetricType::Gauge,
+        "LoRA adapters resident now",
+        |c| &c.lora_resident,
+    ),
+];
+
 type CacheReading = fn(&CacheCounters) -> &AtomicU64;
 
 /// The prefix cache per rank: lifetime hit and prompt tokens (their ratio is the hit rate since
@@ -165,6 +211,7 @@ pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     }
     rank_requests_family(&mut page, &st);
     cache_families(&mut page, &st);
+    model_families(&mut page, &st);
     publish_family(&mut page, &st);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -19,12 +19,17 @@
 //!   ([`PrefixCache::load_back`], a device `BlockStored` under the device parent), and pays the
 //!   copy time in its prefill instead of recomputing them.
 //!
+//! * **Namespaces** (a LoRA adapter, `extra_key`, `cache_salt`; [`crate::page_chain`]): pages are
+//!   keyed by a hash that keeps namespaces apart; a namespaced page's published hash and its
+//!   `lora_name`/`cache_salt` are kept beside it (`radix_names.rs`) while any tier holds it, and
+//!   every event, `/cache_blocks` and snapshot cut names pages by their published hashes.
+//!
 //! Pure: no clock (recency is a counter), no I/O. The owner drains [`PrefixCache::take_events`].
 
 use crate::host_tier::{HOST_MEDIUM, HostTier};
 pub use crate::page_chain::PageChain;
-use loadlink_publish::CutPage;
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored, KvEvent};
+use radix_names::PageName;
 use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug, Clone)]
@@ -74,6 +79,8 @@ pub struct PrefixCache {
     /// Where evicted pages are demoted to, when the engine has a host tier.
     host: Option<HostTier>,
     loaded_back_pages: u64,
+    /// Published names of namespaced pages, by key (empty while every page is plain).
+    names: HashMap<i64, PageName>,
 }
 
 impl PrefixCache {
@@ -90,6 +97,7 @@ impl PrefixCache {
             record: record_events,
             host: None,
             loaded_back_pages: 0,
+            names: HashMap::new(),
         }
     }
 
@@ -206,12 +214,10 @@ impl PrefixCache {
     /// the cache (the rest were cached already, or are a partial last page, and are freed).
     pub fn insert(&mut self, tokens: &[u32], chain: &PageChain) -> u64 {
         let p = self.page_size;
+        let published = chain.published();
+        let ns = chain.namespace();
         let mut parent: Option<i64> = None;
-        let mut stored = BlockStored {
-            block_size: p as i64,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        };
+        let mut stored = self.stored_template(ns, "GPU");
         let mut new_pages = 0u64;
         for (i, &h) in chain.hashes.iter().enumerate() {
             let page = &tokens[i * p..(i + 1) * p];
@@ -219,13 +225,15 @@ impl PrefixCache {
                 self.touch(h);
             } else {
                 self.add_node(h, parent, page);
+                self.name(h, published[i], ns);
+                let parent_pub = i.checked_sub(1).map(|j| published[j]);
                 if stored.block_hashes.is_empty() {
-                    stored.parent_block_hash = parent;
-                } else if stored.block_hashes.last() != parent.as_ref() {
+                    stored.parent_block_hash = parent_pub;
+                } else if stored.block_hashes.last() != parent_pub.as_ref() {
                     self.flush_stored(&mut stored);
-                    stored.parent_block_hash = parent;
+                    stored.parent_block_hash = parent_pub;
                 }
-                stored.block_hashes.push(h);
+                stored.block_hashes.push(published[i]);
                 stored.token_ids.extend(page.iter().map(|&t| i64::from(t)));
                 new_pages += 1;
             }
@@ -283,19 +291,16 @@ impl PrefixCache {
             return 0;
         };
         let max_pages = (max_tokens / self.page_size as u64) as usize;
+        let published = chain.published();
         let mut parent = from.checked_sub(1).map(|i| chain.hashes[i]);
-        let mut stored = BlockStored {
-            block_size: self.page_size as i64,
-            parent_block_hash: parent,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        };
-        for &h in chain.hashes[from..].iter().take(max_pages) {
+        let mut stored = self.stored_template(chain.namespace(), "GPU");
+        stored.parent_block_hash = from.checked_sub(1).map(|i| published[i]);
+        for (i, &h) in chain.hashes.iter().enumerate().skip(from).take(max_pages) {
             let Some(page) = host.tokens(h) else {
                 break;
             };
             self.add_node(h, parent, page);
-            stored.block_hashes.push(h);
+            stored.block_hashes.push(published[i]);
             stored.token_ids.extend(page.iter().map(|&t| i64::from(t)));
             parent = Some(h);
         }
@@ -317,24 +322,25 @@ impl PrefixCache {
         let mut evicted = Vec::new();
         let on_device = |x: i64| nodes.contains_key(&x);
         let stored = host.store(h, n.parent, &n.tokens, on_device, &mut evicted);
+        let gone: Vec<i64> = evicted.iter().map(|&k| self.published(k)).collect();
+        for &k in &evicted {
+            self.forget_if_gone(k);
+        }
         if !self.record {
             return;
         }
-        if !evicted.is_empty() {
+        if !gone.is_empty() {
             self.events.push(KvEvent::Removed(BlockRemoved {
-                block_hashes: evicted,
+                block_hashes: gone,
                 medium: Some(HOST_MEDIUM.into()),
             }));
         }
         if stored {
-            self.events.push(KvEvent::Stored(BlockStored {
-                block_hashes: vec![h],
-                parent_block_hash: n.parent,
-                token_ids: n.tokens.iter().map(|&t| i64::from(t)).collect(),
-                block_size: self.page_size as i64,
-                medium: Some(HOST_MEDIUM.into()),
-                ..Default::default()
-            }));
+            let mut s = self.stored_template(self.names.get(&h).map(|n| &n.ns), HOST_MEDIUM);
+            s.block_hashes = vec![self.published(h)];
+            s.parent_block_hash = n.parent.map(|p| self.published(p));
+            s.token_ids = n.tokens.iter().map(|&t| i64::from(t)).collect();
+            self.events.push(KvEvent::Stored(s));
         }
     }
 
@@ -355,6 +361,8 @@ impl PrefixCache {
         let next = BlockStored {
             block_size: stored.block_size,
             medium: stored.medium.clone(),
+            lora_name: stored.lora_name.clone(),
+            cache_salt: stored.cache_salt.clone(),
             ..Default::default()
         };
         let done = std::mem::replace(stored, next);
@@ -385,7 +393,8 @@ impl PrefixCache {
                 self.demote(h, &n);
             }
             self.unlocked_pages -= 1;
-            removed.push(h);
+            removed.push(self.published(h));
+            self.forget_if_gone(h);
             freed += self.page_size as u64;
             if let Some(ph) = n.parent
                 && let Some(p) = self.nodes.get_mut(&ph)
@@ -411,6 +420,9 @@ impl PrefixCache {
     pub fn flush(&mut self) {
         self.evict_to(u64::MAX, false);
         let host_gone = self.host.as_mut().map(HostTier::clear).unwrap_or_default();
+        let host_gone: Vec<i64> = host_gone.into_iter().map(|k| self.published(k)).collect();
+        self.names
+            .retain(|k, _| self.nodes.contains_key(k) || self.host.iter().any(|h| h.contains(*k)));
         if !host_gone.is_empty() && self.record {
             self.events.push(KvEvent::Removed(BlockRemoved {
                 block_hashes: host_gone,
@@ -427,61 +439,10 @@ impl PrefixCache {
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)
     }
-
-    /// Every cached page's hash on any tier, in no order (the `/cache_blocks` debug route).
-    pub fn block_hashes(&self) -> impl Iterator<Item = i64> + '_ {
-        let host_only = self.host.iter().flat_map(|h| h.hashes());
-        let host_only = host_only.filter(|h| !self.nodes.contains_key(h));
-        self.nodes.keys().copied().chain(host_only)
-    }
-
-    /// The device pages' hashes, in no order.
-    pub fn device_hashes(&self) -> impl Iterator<Item = i64> + '_ {
-        self.nodes.keys().copied()
-    }
-
-    /// The host-tier copies' hashes (pages may be on the device too), in no order.
-    pub fn host_hashes(&self) -> impl Iterator<Item = i64> + '_ {
-        self.host.iter().flat_map(|h| h.hashes())
-    }
-
-    /// Whether `hash` has a host-tier copy.
-    pub fn on_host(&self, hash: i64) -> bool {
-        self.host.as_ref().is_some_and(|h| h.contains(hash))
-    }
-
-    /// Whether `hash` is cached (tests, and the model's own consistency checks).
-    pub fn contains(&self, hash: i64) -> bool {
-        self.nodes.contains_key(&hash)
-    }
-
-    /// The tokens of a cached page.
-    pub fn page_tokens(&self, hash: i64) -> Option<&[u32]> {
-        self.nodes.get(&hash).map(|n| &*n.tokens)
-    }
-
-    /// Every cached page with its parent and tier, for a snapshot cut: one O(pages) copy, done
-    /// under the scheduler lock; ordering and encoding happen later, off the lock. Device pages
-    /// (`medium: None`), then host-tier copies (`CPU_PINNED`, with the parent their store named).
-    pub fn export_pages(&self) -> Vec<CutPage> {
-        let host = self.host.iter().flat_map(HostTier::parents);
-        let mut out =
-            Vec::with_capacity(self.nodes.len() + self.host.as_ref().map_or(0, HostTier::len));
-        out.extend(self.nodes.iter().map(|(&hash, n)| CutPage {
-            hash,
-            parent: n.parent,
-            medium: None,
-        }));
-        // Host copies after the device pages: a host page's parent may be on the device only.
-        out.extend(host.map(|(hash, parent)| CutPage {
-            hash,
-            parent,
-            medium: Some(HOST_MEDIUM),
-        }));
-        out
-    }
 }
 
+#[path = "radix_names.rs"]
+mod radix_names;
 #[cfg(test)]
 #[path = "radix_tests.rs"]
 mod tests;

@@ -41,6 +41,10 @@ pub struct CacheCounters {
     pub prompt_tokens: AtomicU64,
     /// Tokens in the cache now.
     pub cached_tokens: AtomicU64,
+    /// LoRA adapter loads since start.
+    pub lora_loads: AtomicU64,
+    /// LoRA adapters resident now.
+    pub lora_resident: AtomicU64,
 }
 
 /// Handle on a running rank.
@@ -307,6 +311,10 @@ impl<S: LoadSource> RankLoop<S> {
         self.cache.prompt_tokens.store(prompt, Ordering::Relaxed);
         let cached = sched.cache_stats().cached_tokens;
         self.cache.cached_tokens.store(cached, Ordering::Relaxed);
+        let loads = sched.adapter_loads();
+        self.cache.lora_loads.store(loads, Ordering::Relaxed);
+        let resident = sched.resident_count() as u64;
+        self.cache.lora_resident.store(resident, Ordering::Relaxed);
         let Some((rank, kv)) = &self.kv else {
             return;
         };

@@ -5,6 +5,7 @@
 use crate::api::{GenRequest, Route};
 use crate::model::Event;
 use crate::rank::Command;
+use crate::served::Refusal;
 use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -26,6 +27,53 @@ pub(crate) fn stream_error(message: &str) -> Response {
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
         .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "building the stream"))
+}
+
+/// The answer to a request for a model or adapter the engine does not serve, in the shape each
+/// engine answers it: vLLM a 404 `NotFoundError` naming the `model` param; SGLang, for an adapter
+/// it has not loaded, what its routes answer a `ValueError` with: `/generate` a 400
+/// `{"error": {"message"}}` (streamed: one error event of a 200 stream), the OpenAI routes a 400
+/// `ErrorResponse` (streamed: an error event in its `{"error": ...}` envelope).
+pub(crate) fn refused(refusal: &Refusal, route: Route, stream: bool) -> Response {
+    let message = match refusal {
+        Refusal::UnknownModel(m) => {
+            let body = json!({ "error": { "message": format!("The model `{m}` does not exist."),
+                "type": "NotFoundError", "param": "model", "code": 404 } });
+            return (StatusCode::NOT_FOUND, axum::Json(body)).into_response();
+        }
+        Refusal::UnknownAdapter(a) => {
+            format!("lora_path: the LoRA adapter {a:?} is not loaded on this engine")
+        }
+        Refusal::LoraOff(a) => format!(
+            "lora_path: the LoRA adapter {a:?} was asked for, but this engine serves no adapters \
+             (start it with --lora-paths)"
+        ),
+    };
+    match (route, stream) {
+        (Route::Generate, false) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({ "error": { "message": message } })),
+        )
+            .into_response(),
+        (Route::Generate, true) => stream_error(&message),
+        (_, false) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(
+                json!({ "object": "error", "message": message, "type": "BadRequest",
+                "param": null, "code": 400 }),
+            ),
+        )
+            .into_response(),
+        (_, true) => {
+            let event = json!({ "error": { "object": "error", "message": message,
+                "type": "BadRequestError", "param": null, "code": 400 } });
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/event-stream")
+                .header(header::CACHE_CONTROL, "no-cache")
+                .body(Body::from(format!("data: {event}\n\ndata: [DONE]\n\n")))
+                .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "building the stream"))
+        }
+    }
 }
 
 /// Aborts the request when the client goes away before it finished (body dropped).

@@ -1,22 +1,25 @@
-//! The route handlers: generation (parse the body, take the routed rank or pick one, submit,
-//! reply) and the read-only routes (`/v1/models`, `/server_info`, `/model_info`, `/get_load`,
-//! `/v1/loads`). `/metrics` is in [`crate::metrics`].
+//! The route handlers: generation (parse the body, resolve its model or adapter, take the routed
+//! rank or pick one, submit, reply) and the read-only routes (`/get_load`, `/v1/loads`,
+//! `/cache_blocks`, `/flush_cache`). Discovery is in [`crate::discovery`], `/metrics` in
+//! [`crate::metrics`].
 
 use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
+use crate::flavor::Flavor;
 use crate::model::Submit;
 use crate::rank::{Command, wall_now};
-use crate::reply::{AbortGuard, Reply, error, json_response, stream_error, stream_response};
+use crate::reply::{
+    AbortGuard, Reply, error, json_response, refused, stream_error, stream_response,
+};
 use crate::routed;
+use crate::served::Selection;
 use crate::state::{AppState, RankFrom};
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use loadlink_wire::Generation;
 use loadlink_wire::LoadSnapshot;
-use loadlink_wire::descriptor::KvSnapshotSupport;
-use loadlink_wire::kv_snapshot::SNAPSHOT_REQUEST;
+use loadlink_wire::kv_namespace::Namespace;
 use loadlink_wire::loads::{
     Include, LoadsMeta, iso8601, render_json, render_prometheus, snapshot_dict,
 };
@@ -73,17 +76,24 @@ pub(crate) async fn generate(
         Ok(r) => r,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
+    let selection = match st.served.select(
+        st.cfg.flavor,
+        req.model.as_deref(),
+        req.lora_path.as_deref(),
+    ) {
+        Ok(s) => s,
+        Err(refusal) => {
+            st.model_requests[st.served.unserved_label()].fetch_add(1, Ordering::Relaxed);
+            return refused(&refusal, req.route, req.stream);
+        }
+    };
     let (rank, from) = match place(&st, &headers, &req) {
         Ok(placed) => placed,
         Err(r) => return *r,
     };
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = unbounded_channel();
-    let submit = if req.prompt.is_empty() {
-        Submit::counted(id, req.prompt_tokens, req.max_tokens.max(1))
-    } else {
-        Submit::tokens(id, req.prompt.clone(), req.max_tokens.max(1))
-    };
+    let submit = scoped(&st, &req, selection, id);
     let prompt_tokens = submit.prompt_tokens;
     let commands = st.ranks[rank].commands.clone();
     if commands.send(Command::Submit(submit, tx)).is_err() {
@@ -93,6 +103,7 @@ pub(crate) async fn generate(
         );
     }
     st.requests_total.fetch_add(1, Ordering::Relaxed);
+    st.model_requests[selection.label].fetch_add(1, Ordering::Relaxed);
     st.rank_requests[rank][from as usize].fetch_add(1, Ordering::Relaxed);
     st.open_requests.fetch_add(1, Ordering::Relaxed);
     let guard = AbortGuard {
@@ -102,10 +113,11 @@ pub(crate) async fn generate(
         aborted_total: st.aborted_total.clone(),
         open: st.open_requests.clone(),
     };
+    let model = reply_model(&st, &req, selection);
     let reply = Reply {
         id,
         req,
-        model: st.cfg.model_name.clone(),
+        model,
         created: wall_now() as u64,
         prompt_tokens,
     };
@@ -113,6 +125,43 @@ pub(crate) async fn generate(
         stream_response(reply, rx, guard)
     } else {
         json_response(reply, rx, guard).await
+    }
+}
+
+/// The request for the scheduler: its prompt, its adapter and its cache namespace.
+fn scoped(st: &AppState, req: &GenRequest, selection: Selection, id: u64) -> Submit {
+    let mut submit = if req.prompt.is_empty() {
+        Submit::counted(id, req.prompt_tokens, req.max_tokens.max(1))
+    } else {
+        Submit::tokens(id, req.prompt.clone(), req.max_tokens.max(1))
+    };
+    if let Some(i) = selection.adapter {
+        submit = submit.with_adapter(i);
+    }
+    let adapter = selection
+        .adapter
+        .and_then(|i| st.served.adapters.get(i as usize));
+    let lora = adapter.map(|(_, l)| l.clone());
+    if lora.is_some() || req.cache_salt.is_some() || req.extra_key.is_some() {
+        submit = submit.with_namespace(Arc::new(Namespace {
+            extra_key: req.extra_key.clone(),
+            cache_salt: req.cache_salt.clone(),
+            lora,
+        }));
+    }
+    submit
+}
+
+/// The `model` a response names: SGLang echoes the request's, vLLM names the adapter or its
+/// primary name.
+fn reply_model(st: &AppState, req: &GenRequest, selection: Selection) -> String {
+    let adapter = selection
+        .adapter
+        .and_then(|i| st.served.adapters.get(i as usize));
+    match (st.cfg.flavor, &req.model, adapter) {
+        (Flavor::Sglang, Some(m), _) => m.clone(),
+        (Flavor::Vllm, _, Some((a, _))) => a.name.clone(),
+        _ => st.served.primary().to_string(),
     }
 }
 
@@ -146,81 +195,6 @@ fn place(
         }
         None => (st.dispatcher.pick_rank(), RankFrom::Dispatcher),
     })
-}
-
-pub(crate) async fn models(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({ "object": "list", "data": [{ "id": st.cfg.model_name, "object": "model", "owned_by": "loadlink" }] })).into_response()
-}
-
-pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
-    let c = &st.cfg;
-    let mut kv = st
-        .settings
-        .advertise(c.model.page_size as i64)
-        .map_or(Value::Null, |d| {
-            serde_json::to_value(d).unwrap_or(Value::Null)
-        });
-    // Epochs (and snapshots), when every rank publishes (a rank whose sockets failed to bind has
-    // no publisher, hence no epoch: then none is advertised).
-    let epochs: Option<Vec<u64>> = st
-        .ranks
-        .iter()
-        .map(|r| r.kv_seq.as_ref().map(|(_, e)| *e))
-        .collect();
-    if let Some(epochs) = epochs.filter(|e| !e.is_empty()) {
-        // Snapshots are answered on the replay sockets: advertised only where those exist.
-        let replay = kv
-            .get("replay_endpoint_port_base")
-            .is_some_and(|v| !v.is_null());
-        KvSnapshotSupport {
-            snapshot: replay.then(|| String::from_utf8_lossy(SNAPSHOT_REQUEST).into_owned()),
-            epochs,
-        }
-        .insert_into(&mut kv);
-    }
-    axum::Json(json!({
-        "model_path": c.model_name,
-        "served_model_name": c.model_name,
-        "version": concat!("loadlink-", env!("CARGO_PKG_VERSION")),
-        "dp_size": c.dp_size,
-        "max_running_requests": c.model.max_running_requests,
-        "max_total_num_tokens": c.model.max_total_tokens,
-        "chunked_prefill_size": c.model.chunked_prefill_size,
-        "page_size": c.model.page_size,
-        // The host KV tier a router prices a host-tier hit by (tokens; 0: none).
-        "hicache_size_tokens": c.model.host_tier.tokens,
-        "hicache_load_tokens_per_s": c.model.host_tier.load_tokens_per_s,
-        "kv_events_config": c.kv_events_config,
-        "load_publish_endpoint": c.load_publish_endpoint,
-        "load_wire": match c.generation { Generation::Snapshot => "snapshot", Generation::LoadStat => "loadstat" },
-        "time_scale": c.time_scale,
-        "kv_events": kv,
-        // Why there is no load range, when there is none (null when publishing or quietly off).
-        "load_publish_decline_reason": st.settings.load_range().err().flatten(),
-    }))
-    .into_response()
-}
-
-/// `/model_info`, SGLang's shape: what a simulated model can honestly say (no tokenizer, no HF
-/// config; SGLang's defaults for the rest). `sglang-router` reads it when a worker registers.
-pub(crate) async fn model_info(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({
-        "model_path": st.cfg.model_name,
-        "served_model_name": st.cfg.model_name,
-        "tokenizer_path": null,
-        "is_generation": true,
-        "preferred_sampling_params": null,
-        "weight_version": "default",
-        "load_format": "auto",
-        "reasoning_parser": null,
-        "tool_call_parser": null,
-        "disaggregation_mode": "null",
-        "has_image_understanding": false,
-        "has_audio_understanding": false,
-        "model_type": null,
-        "architectures": null,
-    }))
-    .into_response()
 }
 
 /// `/get_load`: one object per DP rank. `sglang-router`'s load monitor (power-of-two, DP-minimum

@@ -7,6 +7,7 @@ use crate::dispatch::Dispatcher;
 use crate::flavor::Flavor;
 use crate::model::ModelConfig;
 use crate::rank::RankHandle;
+use crate::served::{AdapterSpec, Served};
 use loadlink_publish::EngineSettings;
 use loadlink_wire::Generation;
 use std::path::PathBuf;
@@ -27,7 +28,16 @@ pub struct EngineConfig {
     pub publish_interval: u32,
     pub generation: Generation,
     pub max_body_bytes: usize,
+    /// The primary served model name (`--served-model-name`, first).
     pub model_name: String,
+    /// Further names the model is served under (vLLM's `--served-model-name a b ...`).
+    pub extra_served_names: Vec<String>,
+    /// The model's path in `/server_info` and `/v1/models` (`None`: the primary name).
+    pub model_path: Option<String>,
+    /// LoRA adapters served (`--lora-paths`, `--lora-modules`); how many are resident at once
+    /// and what a load costs is `model.lora` (with adapters and `max_loaded` 0, the engine keeps
+    /// [`crate::served::DEFAULT_MAX_LOADED_LORAS`]).
+    pub adapters: Vec<AdapterSpec>,
     /// Where in the scheduler cycle each rank publishes.
     pub publish_point: PublishPoint,
     /// Whose HTTP surface to present (`--flavor`); the vLLM flavour publishes no load socket and
@@ -51,6 +61,9 @@ impl Default for EngineConfig {
             generation: Generation::Snapshot,
             max_body_bytes: 4 << 20,
             model_name: "loadlink-sim".into(),
+            extra_served_names: Vec::new(),
+            model_path: None,
+            adapters: Vec::new(),
             publish_point: PublishPoint::default(),
             flavor: Flavor::default(),
             kv_epoch_in_topic: true,
@@ -73,6 +86,10 @@ pub(crate) struct AppState {
     pub(crate) draining: AtomicBool,
     /// Per rank: requests accepted there, by how the rank was chosen ([`RankFrom`] as index).
     pub(crate) rank_requests: Vec<[AtomicU64; 2]>,
+    /// The served names and adapters.
+    pub(crate) served: Served,
+    /// Requests per `model` label ([`Served::labels`]).
+    pub(crate) model_requests: Vec<AtomicU64>,
 }
 
 /// How a request's rank was chosen (the `rank_from` label of

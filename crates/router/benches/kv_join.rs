@@ -118,6 +118,7 @@ fn join(pubs: &[WorkerPubs]) -> Duration {
     let t = Instant::now();
     for (w, p) in pubs.iter().enumerate() {
         let d = Discovery {
+            models: Err(String::from("not read").into()),
             endpoints: Vec::new(),
             no_load_reason: Some("a bare KV-event publisher".into()),
             kv: Ok(p.streams.clone()),

@@ -43,8 +43,28 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "no_kv_events_reason": no_kv_events_reason,
         "refusals": refusals_json(w),
         "last_refusal": w.refusals.last(),
+        "models": models_json(st, w),
         "rank_routing": rank_routing_json(st, w),
         "ranks": w.ranks.iter().map(|r| rank_json(st, w, r)).collect::<Vec<_>>(),
+    })
+}
+
+/// What `w` serves, as last read ([`crate::models`]), and why the last read failed.
+fn models_json(st: &AppState, w: &Worker) -> Value {
+    let (served, error) = st.fleet.models.of(&w.url);
+    let Some(s) = served else {
+        return json!({ "names": null, "adapters": [], "error": error,
+            "routed_as": "any model no worker names" });
+    };
+    let strs = |v: &[Arc<str>]| v.iter().map(|n| json!(&**n)).collect::<Vec<_>>();
+    json!({
+        "names": strs(&s.names),
+        "adapters": s.adapters.iter().map(|a| json!({ "name": &*a.name, "path": a.path.as_deref(),
+            "lora_id": a.lora.as_ref().map(|l| &l.id) })).collect::<Vec<_>>(),
+        "max_loaded_loras": s.max_loaded_loras,
+        "lora_load_time_s": s.lora_load_time_s,
+        "loaded_loras": s.loaded.as_ref().map(|ranks| ranks.iter().map(|r| strs(r)).collect::<Vec<_>>()),
+        "error": error,
     })
 }
 

@@ -107,6 +107,8 @@ impl CandidateList {
 pub struct Roster {
     pub workers: Arc<Vec<Arc<Worker>>>,
     pub candidates: CandidateList,
+    /// Which candidates serve which model ([`crate::models::table`]).
+    pub models: crate::models::ModelTable,
     /// The fleet's rank epoch it was built at ([`crate::fleet::Fleet::roster`] rebuilds it when a
     /// polled worker has reported a new rank since).
     epoch: u64,
@@ -120,11 +122,24 @@ impl Roster {
         Candidates::listed(&self.workers, list)
     }
 
-    pub(crate) fn of(workers: Vec<Arc<Worker>>, field: RankField, epoch: u64) -> Self {
+    /// The candidates of a resolved model's worker set ([`crate::models::SetId`]).
+    pub fn targets_for(&self, set: crate::models::SetId, ranked: bool) -> Candidates<'_> {
+        self.models
+            .targets(set, self.targets(false), &self.candidates.ranked, ranked)
+    }
+
+    pub(crate) fn of(
+        workers: Vec<Arc<Worker>>,
+        field: RankField,
+        epoch: u64,
+        models: &crate::models::registry::Registry,
+    ) -> Self {
         let candidates = CandidateList::of(&workers, field);
+        let models = models.table(&workers, &candidates);
         Roster {
             workers: Arc::new(workers),
             candidates,
+            models,
             epoch,
         }
     }

@@ -65,6 +65,12 @@ pub struct RouterConfig {
     pub drain_delay: Duration,
     /// Then how long open requests (streams included) may take to finish (`--drain-timeout`).
     pub drain_timeout: Duration,
+    /// The model a request without `model` (or with `"default"`) goes to (`--default-model`);
+    /// `None`: the only model the fleet serves, else such a request is refused.
+    pub default_model: Option<String>,
+    /// How often every worker's models are re-read (`--model-refresh-interval`); 0: only at
+    /// discovery.
+    pub model_refresh_ms: u64,
 }
 
 /// `--admission-queue-size` when not given.
@@ -125,6 +131,8 @@ impl Default for RouterConfig {
             budgets: Default::default(),
             drain_delay: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
+            default_model: None,
+            model_refresh_ms: 30_000,
         }
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What discovery learned about a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Discovery {
     pub endpoints: Vec<LoadEndpoint>,
     /// Why the worker is priced on in-flight only (no range — with the engine's own reason when it
@@ -30,6 +30,8 @@ pub struct Discovery {
     /// Without load sockets: the HTTP load source it serves (`/v1/loads` or `/metrics`), if any.
     /// `no_load_reason` still says why there is no push; the fleet polls unless polling is off.
     pub poll: Option<Polled>,
+    /// What it serves ([`crate::models`]), or why that is not known.
+    pub models: Result<crate::models::ServedModels, crate::models::fetch::ModelsError>,
 }
 
 impl Discovery {
@@ -38,8 +40,9 @@ impl Discovery {
         Discovery {
             endpoints: Vec::new(),
             kv: Err(reason.clone()),
-            no_load_reason: Some(reason),
+            no_load_reason: Some(reason.clone()),
             poll: None,
+            models: Err(reason.into()),
         }
     }
 
@@ -177,7 +180,10 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// preferred; without them the worker is probed for `/v1/loads`, then `/metrics`
 /// ([`crate::poll::probe`]); with neither it is priced on in-flight, with every reason.
 pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
-    let mut d = discover_push(client, url, limits).await;
+    let (mut d, info) = discover_push(client, url, limits).await;
+    let models =
+        crate::models::fetch::served_models(client, url, info.as_deref(), limits.fetch).await;
+    d.models = models;
     if d.endpoints.is_empty() {
         match crate::poll::probe_with(client, url, &limits.probe).await {
             Ok(p) => d.poll = Some(p),
@@ -194,10 +200,14 @@ pub async fn discover(client: &HttpClient, url: &str, limits: &DiscoveryLimits) 
 }
 
 /// The load sockets `/server_info` advertises, or why none.
-async fn discover_push(client: &HttpClient, url: &str, limits: &DiscoveryLimits) -> Discovery {
+async fn discover_push(
+    client: &HttpClient,
+    url: &str,
+    limits: &DiscoveryLimits,
+) -> (Discovery, Option<Bytes>) {
     let body = match fetch_server_info(client, url, limits).await {
         Ok(b) => b,
-        Err(e) => return Discovery::nothing(e.to_string()),
+        Err(e) => return (Discovery::nothing(e.to_string()), None),
     };
     let kv = kv_streams(url, &body).map_err(|e| e.to_string());
     let (endpoints, no_load_reason) = match load_endpoints(url, &body) {
@@ -205,12 +215,14 @@ async fn discover_push(client: &HttpClient, url: &str, limits: &DiscoveryLimits)
         Err(e @ NoLoad::Malformed(_)) => (Vec::new(), Some(format!("{e}; not retried"))),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
-    Discovery {
+    let d = Discovery {
         endpoints,
         no_load_reason,
         kv,
         poll: None,
-    }
+        models: Err(String::from("not read").into()),
+    };
+    (d, Some(body))
 }
 
 /// Checks a worker URL (see [`loadlink_wire::discovery::worker_url`]).

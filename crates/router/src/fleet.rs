@@ -29,6 +29,8 @@ pub use crate::candidate::Roster;
 use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, Release, SubscriptionId};
+use crate::models::ServedModels;
+use crate::models::fetch::ModelsError;
 use crate::poll::PollConfig;
 use crate::subscribe::{SocketBounds, configure_with};
 use crate::zctx::FleetContext;
@@ -90,6 +92,8 @@ pub struct Fleet {
     ingest_threads: usize,
     epoch: Instant,
     cache: Arc<CacheBook>,
+    /// What each worker serves ([`crate::models`]).
+    pub models: crate::models::registry::Registry,
     /// Refusals of every worker this fleet has held, by reason ([`crate::budget`]).
     pub refusals: Arc<crate::budget::RefusalCounts>,
     /// One load poller per polled worker, by URL ([`crate::poll`]).
@@ -114,6 +118,7 @@ impl Fleet {
     pub fn with_cache(ingest_threads: usize, cache: Arc<CacheBook>) -> Self {
         Fleet {
             cache,
+            models: Default::default(),
             refusals: Arc::default(),
             roster: ArcSwap::from_pointee(Roster::default()),
             rank_field: RankField::default(),
@@ -210,7 +215,7 @@ impl Fleet {
         }
         let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         self.roster
-            .rcu(|r| Roster::of(r.workers.to_vec(), self.rank_field, epoch));
+            .rcu(|r| Roster::of(r.workers.to_vec(), self.rank_field, epoch, &self.models));
         self.roster.load_full()
     }
 
@@ -222,7 +227,20 @@ impl Fleet {
 
     fn rebuilt(&self, workers: Vec<Arc<Worker>>) -> Roster {
         let epoch = self.rank_epoch.load(std::sync::atomic::Ordering::Acquire);
-        Roster::of(workers, self.rank_field, epoch)
+        Roster::of(workers, self.rank_field, epoch, &self.models)
+    }
+
+    /// Records what `url` serves (a refresh's answer); a change rebuilds the roster.
+    pub fn set_models(&self, url: &str, answer: Result<ServedModels, ModelsError>) {
+        let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(worker) = self.find(url) else { return };
+        refuse_models(&worker, &answer);
+        if self.models.record(url, answer) {
+            self.models
+                .changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.roster.rcu(|r| self.rebuilt(r.workers.to_vec()));
+        }
     }
 
     pub fn contains(&self, url: &str) -> bool {
@@ -315,6 +333,7 @@ impl Fleet {
     /// subscriptions the descriptor limit cannot hold) is kept, priced on in-flight, with the
     /// reason; one without KV streams is simply not indexed.
     pub fn add(&self, url: &str, d: Discovery) -> Arc<Worker> {
+        let models = d.models.clone();
         let polled = d
             .poll
             .filter(|_| d.endpoints.is_empty() && !self.polling.interval.is_zero());
@@ -357,6 +376,7 @@ impl Fleet {
             None => Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch),
         };
         worker.refusals.attach(self.refusals.clone());
+        refuse_models(&worker, &models);
         worker.ranks.notify_claims(self.rank_epoch.clone());
         worker.set_host_load(d.kv.as_ref().ok().and_then(|k| k.host_load_tokens_per_s));
         let worker = Arc::new(worker);
@@ -377,6 +397,8 @@ impl Fleet {
         let (old_worker, old) = {
             let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
             let old_worker = self.find(url);
+            self.models.forget(url);
+            self.models.record(url, models);
             let old = self.subs().insert(url.to_string(), Held { sub, ..held });
             let polled = worker.load_source.kind.polled();
             self.set_poller(url, polled.then_some(&worker));
@@ -484,11 +506,23 @@ impl Fleet {
             let held = self.subs().remove(url);
             self.set_poller(url, None);
             self.cache.forget(url);
+            self.models.forget(url);
             (old_worker, held)
         };
         let existed = old_worker.is_some();
         self.release(old_worker, held);
         existed
+    }
+}
+
+/// Counts a refused model answer as `worker`'s refusal.
+fn refuse_models(worker: &Worker, answer: &Result<ServedModels, ModelsError>) {
+    if let Err(ModelsError {
+        refusal: Some(r),
+        reason,
+    }) = answer
+    {
+        worker.refusals.refuse(*r, || reason.clone());
     }
 }
 

@@ -355,6 +355,7 @@ pub fn render(st: &AppState) -> String {
         st.prefix.tokenizer.unkeyed_chats(),
     );
     write_control(&mut e, st);
+    crate::models::metrics::write(&mut e, st);
     e.finish()
 }
 

@@ -9,9 +9,10 @@
 use crate::admission;
 use crate::book::{InflightGuard, Source};
 use crate::budget::Refusal as BudgetRefusal;
-use crate::cache::Lookup;
+use crate::cache::{ChainNamespace, Lookup};
 use crate::candidate::{RANK_HEADER, RankField};
 use crate::fleet::{FleetView, Roster};
+use crate::models::{Asked, SetId};
 use crate::rank_route::{ClientRank, with_rank_field};
 use crate::request_work::WorkError;
 use crate::retry::{Backoff, all_failed, retryable};
@@ -240,21 +241,31 @@ pub async fn forward(
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e),
     };
     let cfg = &st.cfg;
-    let client_rank = match client_rank(&st, uri.path(), &headers, &body).await {
+    let (client_rank, asked) = match read_request(&st, uri.path(), &headers, &body).await {
         Ok(r) => r,
         Err(refused) => return refused,
     };
+    let model = match crate::models::answer::resolve(&st, &roster, uri.path(), &asked) {
+        Ok(m) => m,
+        Err(refused) => return refused,
+    };
+    let ns = crate::models::answer::namespace(&roster, &asked, &model);
     let mut out = Outgoing::new(method, &uri, headers, body, cfg.dp_rank_field);
     out.client_named_rank = client_rank.rank().is_some();
     // Ranks are candidates when the chosen one can reach the engine on this route, and the
     // client did not name one itself (then only that rank's candidates qualify).
     let ranked = roster.candidates.any_ranked && cfg.dp_rank_field.travels(uri.path());
-    let lookup = match cache_lookup(&st, uri.path(), &out.body, &roster, ranked).await {
+    let target = Target {
+        set: model.set,
+        ranked,
+        ns: (&ns).into(),
+    };
+    let lookup = match cache_lookup(&st, uri.path(), &out.body, &roster, target).await {
         Ok(l) => l,
         Err(refused) => return refused,
     };
     let mut view = FleetView::new(workers, cfg.load_signal, cfg.freshness_ms);
-    view.targets = roster.targets(ranked);
+    view.targets = roster.targets_for(model.set, ranked);
     view.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
         view = view.with_lookup(l);
@@ -299,20 +310,24 @@ pub async fn forward(
     all_failed(&st, &last_error)
 }
 
-/// The rank the client named itself, if any (a 400 for one the engine would refuse). Scanning and
-/// parsing a large body runs on the request-work pool, off the executor, as the cache lookup does.
-async fn client_rank(
+/// The rank the client named itself, if any (a 400 for one the engine would refuse), and the
+/// model, adapter and namespace fields of the body. Parsing a large body runs on the request-work
+/// pool, off the executor, as the cache lookup does.
+async fn read_request(
     st: &Arc<AppState>,
     path: &str,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<ClientRank, Response> {
+) -> Result<(ClientRank, Asked), Response> {
     let work = &st.admission.work;
+    let of = |path: &str, headers: &HeaderMap, body: &[u8]| {
+        ClientRank::of(path, headers, body).map(|r| (r, Asked::of(body)))
+    };
     let read = if work.inline(body.len()) {
-        ClientRank::of(path, headers, body)
+        of(path, headers, body)
     } else {
         let (path, headers, body) = (path.to_string(), headers.clone(), body.clone());
-        work.run(move || ClientRank::of(&path, &headers, &body))
+        work.run(move || of(&path, &headers, &body))
             .await
             .map_err(|e| work_refused(st, &e))?
     };
@@ -322,12 +337,21 @@ async fn client_rank(
 /// This request's cached prefix on every candidate, when the policy prices caches. The parse,
 /// tokenization and hashing of a large body run on the request-work pool, off the executor
 /// ([`crate::request_work`]); a full pool is answered 503 at once.
+/// Whom a request may go to (its model's candidates, ranked or whole) and the namespace its cache
+/// lives in.
+#[derive(Clone, Copy)]
+struct Target {
+    set: SetId,
+    ranked: bool,
+    ns: ChainNamespace,
+}
+
 async fn cache_lookup(
     st: &Arc<AppState>,
     path: &str,
     body: &Bytes,
     roster: &Arc<Roster>,
-    ranked: bool,
+    t: Target,
 ) -> Result<Option<Lookup>, Response> {
     if !st.cfg.policy.uses_cache() {
         return Ok(None);
@@ -336,24 +360,19 @@ async fn cache_lookup(
         return Ok(None);
     };
     let work = &st.admission.work;
+    let look = move |st: &AppState, path: &str, body: &[u8], roster: &Roster| {
+        let targets = roster.targets_for(t.set, t.ranked);
+        st.cache
+            .lookup_in(&st.prefix, path, body, t.ns, targets, now)
+    };
     if work.inline(body.len()) {
-        return Ok(st
-            .cache
-            .lookup(&st.prefix, path, body, roster.targets(ranked), now));
+        return Ok(look(st, path, body, roster));
     }
     let (job_st, path, body, job_roster) =
         (st.clone(), path.to_string(), body.clone(), roster.clone());
-    work.run(move || {
-        job_st.cache.lookup(
-            &job_st.prefix,
-            &path,
-            &body,
-            job_roster.targets(ranked),
-            now,
-        )
-    })
-    .await
-    .map_err(|e| work_refused(st, &e))
+    work.run(move || look(&job_st, &path, &body, &job_roster))
+        .await
+        .map_err(|e| work_refused(st, &e))
 }
 
 /// The 503 for request work the pool could not take (counted as `request_too_large`).

@@ -119,7 +119,8 @@ pub async fn start(cfg: RouterConfig) -> Result<RouterHandle, RouterError> {
     let probe = state.executor.spawn(crate::executor_probe::PERIOD);
     add_workers(&state, &urls).await;
     let health = tokio::spawn(health_loop(state.clone()));
-    let membership = crate::membership::spawn(&state);
+    let mut membership = crate::membership::spawn(&state);
+    membership.extend(crate::models::refresh::spawn(&state));
     tracing::info!(
         "router on http://{local} ({} workers, policy {}, signal {:?})",
         urls.len(),

@@ -37,8 +37,6 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Counters of the watched file and DNS sources.
     pub membership: crate::membership::MembershipStats,
-    /// The merged `/v1/models` answer, kept briefly ([`crate::models`]).
-    pub models: crate::models::ModelsCache,
 }
 
 impl AppState {
@@ -70,7 +68,6 @@ impl AppState {
             stopping: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             membership: Default::default(),
-            models: Default::default(),
         })
     }
 

@@ -247,6 +247,7 @@ async fn a_cut_rank_falls_back_and_is_used_again_soon_after_it_returns() {
 /// that stays connecting costs its descriptors and nothing else: no connect attempts).
 fn inproc_discovery(i: usize, ranks: u32) -> loadlink_router::fleet::Discovery {
     loadlink_router::fleet::Discovery {
+        models: Err(String::from("not read").into()),
         endpoints: (0..ranks)
             .map(|rank| loadlink_wire::descriptor::LoadEndpoint {
                 rank,

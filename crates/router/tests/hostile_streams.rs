@@ -20,6 +20,7 @@ use std::time::Duration;
 
 fn load_discovery(port: u16) -> Discovery {
     Discovery {
+        models: Err(String::from("not read").into()),
         endpoints: vec![LoadEndpoint {
             rank: 0,
             endpoint: format!("tcp://127.0.0.1:{port}"),
@@ -33,6 +34,7 @@ fn load_discovery(port: u16) -> Discovery {
 
 fn kv_discovery(port: u16) -> Discovery {
     Discovery {
+        models: Err(String::from("not read").into()),
         endpoints: Vec::new(),
         no_load_reason: Some("a bare KV-event publisher".into()),
         kv: Ok(KvStreams {

@@ -33,14 +33,25 @@ async fn models_are_the_union_and_other_routes_pass_through() {
     // The simulated engine has no embedding model: its own 404 reaches the client unchanged.
     let emb = c
         .post(format!("{}/v1/embeddings", r.url()))
-        .json(&serde_json::json!({"input": "x"}))
+        .json(&serde_json::json!({"input": "x", "model": "model-a"}))
         .send()
         .await
         .unwrap();
     assert_eq!(emb.status(), 404);
+    // Two models and none named: the router cannot choose, and says which field to set.
+    let unnamed = c
+        .post(format!("{}/v1/embeddings", r.url()))
+        .json(&serde_json::json!({"input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unnamed.status(), 400);
+    let e: serde_json::Value = unnamed.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "model_required", "{e}");
+    assert_eq!(e["error"]["param"], "model", "{e}");
     a.stop().await;
-    // The merged list is kept for a moment (`models::MODELS_CACHE_TTL`): the stopped worker is
-    // left out once it expires.
+    // The list is the available workers' models: the stopped worker is left out once the health
+    // check notices.
     wait_for("a stopped worker is left out of /v1/models", 10, || async {
         let one = get_json(&c, &format!("{}/v1/models", r.url())).await;
         one["data"].as_array().unwrap().len() == 1 && one["data"][0]["id"] == "model-b"

@@ -206,6 +206,7 @@ pub fn bare_kv_fleet(
         host_load_tokens_per_s: None,
     };
     let d = loadlink_router::fleet::Discovery {
+        models: Err(String::from("not read").into()),
         endpoints: Vec::new(),
         no_load_reason: Some("a bare KV-event publisher".into()),
         kv: Ok(kv),

@@ -27,6 +27,8 @@
 //!   the rank header and body of every request it receives.
 //! * [`polled_worker`]: a fake polled worker whose `/v1/loads` or `/metrics` answers what the
 //!   test says, request by request (absurd ranks, huge bodies, stalls).
+//! * [`served`]: engines serving named models and LoRA adapters, their per-model request
+//!   counters, and a restart on the same port under other names.
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
@@ -46,6 +48,7 @@ pub mod pub_sink;
 pub mod rank_worker;
 pub mod replay;
 pub mod router;
+pub mod served;
 pub mod sub;
 pub mod wait;
 

@@ -12,10 +12,11 @@ impl Scheduler {
         self.cache.take_events()
     }
 
-    /// Every cached page's hash, sorted (the `/cache_blocks` debug route).
+    /// Every cached page's published hash, sorted, each once (the `/cache_blocks` debug route).
     pub fn cached_blocks(&self) -> Vec<i64> {
         let mut v: Vec<i64> = self.cache.block_hashes().collect();
         v.sort_unstable();
+        v.dedup();
         v
     }
 
@@ -24,7 +25,9 @@ impl Scheduler {
         let mut device: Vec<i64> = self.cache.device_hashes().collect();
         let mut host: Vec<i64> = self.cache.host_hashes().collect();
         device.sort_unstable();
+        device.dedup();
         host.sort_unstable();
+        host.dedup();
         (device, host)
     }
 

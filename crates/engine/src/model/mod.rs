@@ -16,14 +16,22 @@
 //!   evicted pages are demoted to a host pool; a request whose prefix continues there has those
 //!   pages loaded back at admission, and its prefill step pays `loaded / load_tokens_per_s`
 //!   instead of computing them;
+//! * **LoRA adapters** when `lora.max_loaded > 0` (`lora.rs`): a request runs only while its
+//!   adapter is resident; a load pauses the step for `lora.load_time_s` and evicts the least
+//!   recently used adapter no admitted request uses;
 //! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch` (+ load-back
-//!   time), where prefill tokens are the uncached ones.
+//!   and adapter-load time), where prefill tokens are the uncached ones.
 //!
 //! No I/O and no clock: [`Scheduler::step`] takes `now` (seconds) and returns how long the step
 //! takes and what happened, so the engine drives it in real time and benchmarks in virtual time.
 
+mod lora;
 mod pool;
+mod request;
 mod snapshot;
+
+pub use lora::LoraConfig;
+pub use request::{Event, Step, StepKind, Submit};
 
 use crate::host_tier::HostTierConfig;
 use crate::radix::{PageChain, PathLock, PrefixCache};
@@ -67,6 +75,8 @@ pub struct ModelConfig {
     pub timing: Timing,
     /// The host tier (off by default).
     pub host_tier: HostTierConfig,
+    /// LoRA adapters' residency (off by default).
+    pub lora: LoraConfig,
 }
 
 impl Default for ModelConfig {
@@ -79,71 +89,9 @@ impl Default for ModelConfig {
             page_size: DEFAULT_PAGE_SIZE,
             timing: Timing::default(),
             host_tier: HostTierConfig::default(),
+            lora: LoraConfig::default(),
         }
     }
-}
-
-/// A request as the scheduler sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Submit {
-    pub id: u64,
-    pub prompt_tokens: u64,
-    pub max_new_tokens: u64,
-    /// The prompt's token ids, when known (`prompt_tokens` is then their count). Without them the
-    /// request can neither hit nor fill the prefix cache.
-    pub prompt: Option<Arc<[u32]>>,
-}
-
-impl Submit {
-    /// A request known only by its token counts.
-    pub fn counted(id: u64, prompt_tokens: u64, max_new_tokens: u64) -> Self {
-        Submit {
-            id,
-            prompt_tokens,
-            max_new_tokens,
-            prompt: None,
-        }
-    }
-
-    /// A request with its prompt's token ids.
-    pub fn tokens(id: u64, prompt: Arc<[u32]>, max_new_tokens: u64) -> Self {
-        Submit {
-            id,
-            prompt_tokens: prompt.len() as u64,
-            max_new_tokens,
-            prompt: Some(prompt),
-        }
-    }
-}
-
-/// Something a request's client should hear about; all happen at the end of the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
-    /// The first output token (end of prefill).
-    FirstToken { id: u64 },
-    /// One more output token.
-    Token { id: u64 },
-    /// Done; `completion_tokens` tokens were generated.
-    Finished {
-        id: u64,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepKind {
-    Prefill,
-    Decode,
-    Idle,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Step {
-    pub kind: StepKind,
-    /// Seconds the step takes (0 when idle).
-    pub duration: f64,
-    pub events: Vec<Event>,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +115,8 @@ struct Req {
     /// Tokens of `shared` loaded back from the host tier at admission, whose copy time the next
     /// prefill step of this request pays.
     loaded: u64,
+    /// Its LoRA adapter (an index into the engine's table), `None` for the base model.
+    adapter: Option<u32>,
 }
 
 impl Req {
@@ -213,6 +163,7 @@ pub struct Scheduler {
     retractions: u64,
     now: f64,
     cache: PrefixCache,
+    adapters: lora::Adapters,
 }
 
 impl Scheduler {
@@ -236,6 +187,7 @@ impl Scheduler {
             now: 0.0,
             cache: PrefixCache::new(cfg.page_size, record_events)
                 .with_host_tier(cfg.host_tier.tokens),
+            adapters: lora::Adapters::default(),
         }
     }
 
@@ -248,7 +200,7 @@ impl Scheduler {
     pub fn submit(&mut self, s: Submit) {
         let tokens = s.prompt.filter(|t| !t.is_empty());
         let chain = tokens.as_deref().map_or_else(PageChain::default, |t| {
-            PageChain::of(&t[..t.len() - 1], self.cfg.page_size)
+            PageChain::in_namespace(&t[..t.len() - 1], self.cfg.page_size, s.namespace)
         });
         let prompt = tokens.as_ref().map_or(s.prompt_tokens, |t| t.len() as u64);
         let queued_hit = self.cache.matched_tokens(&chain);
@@ -265,6 +217,7 @@ impl Scheduler {
             shared: 0,
             lock: PathLock::default(),
             loaded: 0,
+            adapter: s.adapter,
         });
     }
 
@@ -322,16 +275,19 @@ impl Scheduler {
         }
     }
 
-    /// The next request to prefill: the chunked one, else the queue's front if it is admitted.
-    fn next_prefill(&mut self, batch: usize, tokens: u64) -> Option<Req> {
+    /// The next request to prefill, with the µs its adapter's load costs: the chunked one, else
+    /// the first queued one whose adapter can be made resident, if it is admitted.
+    fn next_prefill(&mut self, batch: &[Req], tokens: u64) -> Option<(Req, f64)> {
         if let Some(r) = self.chunked.take() {
-            return Some(r);
+            return Some((r, 0.0));
         }
-        let mut next = self.waiting.pop_front()?;
-        if self.admit(&mut next, batch, tokens) {
-            Some(next)
+        let i = self.next_runnable(batch)?;
+        let mut next = self.waiting.remove(i)?;
+        if self.admit(&mut next, batch.len(), tokens) {
+            let load_us = self.use_adapter(&next, batch);
+            Some((next, load_us))
         } else {
-            self.waiting.push_front(next);
+            self.waiting.insert(i, next);
             None
         }
     }
@@ -343,7 +299,9 @@ impl Scheduler {
         // Own KV of the requests taken out of the queues for this step (not counted by the pool).
         let mut held = 0u64;
         let mut loaded = 0u64;
-        while let Some(mut req) = self.next_prefill(batch.len(), tokens) {
+        let mut adapter_load_us = 0.0;
+        while let Some((mut req, load_us)) = self.next_prefill(&batch, tokens) {
+            adapter_load_us += load_us;
             loaded += std::mem::take(&mut req.loaded);
             let n = budget.min(req.prefill_target() - req.prefilled);
             self.make_room(held + req.private_kv() + n);
@@ -369,7 +327,8 @@ impl Scheduler {
             + t.per_prefill_token_us * tokens as f64
             + t.per_batch_req_us * n_reqs as f64
             + t.per_kv_token_us * tokens as f64
-            + self.load_back_us(loaded);
+            + self.load_back_us(loaded)
+            + adapter_load_us;
         let duration = duration_us / 1e6;
         self.stats.total_prefill_tokens += tokens;
         self.stats.total_prefill_busy_us += duration_us as u64;
@@ -476,5 +435,9 @@ mod cache_tests;
 mod cache_view;
 #[cfg(test)]
 mod host_tier_tests;
+#[cfg(test)]
+mod lora_tests;
+#[cfg(test)]
+mod namespace_tests;
 #[cfg(test)]
 mod tests;

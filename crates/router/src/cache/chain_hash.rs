@@ -23,13 +23,14 @@ const IV: [u32; 8] = [
     0x5be0_cd19,
 ];
 
-/// The block hashes of every full `page_size`-token page of `tokens`, chained from the root: the
-/// same numbers as `loadlink_wire::kv_events::page_hashes`.
-pub fn page_hashes(tokens: &[u32], page_size: usize) -> Vec<i64> {
+/// The block hashes of every full `page_size`-token page of `tokens`, chained from `prior` (the
+/// root when `None`; a salted namespace's first prior otherwise): the same numbers as
+/// `loadlink_wire::kv_namespace::page_hashes_from`.
+pub fn page_hashes_from(tokens: &[u32], page_size: usize, prior: Option<[u8; 32]>) -> Vec<i64> {
     let page = page_size.max(1);
     let mut out = Vec::with_capacity(tokens.len() / page);
     let mut buf: Vec<u8> = Vec::with_capacity(32 + 4 * page + 72);
-    let mut prior: Option<[u8; 32]> = None;
+    let mut prior = prior;
     for chunk in tokens.chunks_exact(page) {
         buf.clear();
         if let Some(p) = &prior {
@@ -65,6 +66,10 @@ pub fn page_hashes(tokens: &[u32], page_size: usize) -> Vec<i64> {
 mod tests {
     use super::*;
 
+    fn page_hashes(t: &[u32], page: usize) -> Vec<i64> {
+        page_hashes_from(t, page, None)
+    }
+
     #[test]
     fn equals_the_reference_chain_at_every_size_and_length() {
         let tokens: Vec<u32> = (0..700u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
@@ -79,5 +84,13 @@ mod tests {
             }
         }
         assert_eq!(page_hashes(&tokens[..5], 0), page_hashes(&tokens[..5], 1));
+        let prior = loadlink_wire::kv_namespace::salt_prior("s");
+        for page in [1, 3, 16] {
+            assert_eq!(
+                page_hashes_from(&tokens, page, Some(prior)),
+                loadlink_wire::kv_namespace::page_hashes_from(&tokens, page, Some(&prior)),
+                "salted, page {page}"
+            );
+        }
     }
 }

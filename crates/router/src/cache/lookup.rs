@@ -20,7 +20,7 @@
 
 use super::block_size::unmatched_reason;
 use super::book::CacheBook;
-use super::request::PromptChain;
+use super::request::{ChainNamespace, PromptChain};
 use super::tokenizer::RouterTokenizer;
 use crate::candidate::Candidates;
 use smallvec::SmallVec;
@@ -103,7 +103,22 @@ impl CacheBook {
         targets: Candidates<'_>,
         now_ms: u64,
     ) -> Option<Lookup> {
-        let prompt = PromptChain::of_request(path, body, &settings.tokenizer)?;
+        let ns = ChainNamespace::default();
+        self.lookup_in(settings, path, body, ns, targets, now_ms)
+    }
+
+    /// [`CacheBook::lookup`] for a request in cache namespace `ns` (its adapter and salt): the
+    /// index and the approximate tree are matched with the chain the engine hashes in it.
+    pub fn lookup_in(
+        &self,
+        settings: &PrefixSettings,
+        path: &str,
+        body: &[u8],
+        ns: ChainNamespace,
+        targets: Candidates<'_>,
+        now_ms: u64,
+    ) -> Option<Lookup> {
+        let prompt = PromptChain::of_request(path, body, &settings.tokenizer)?.in_namespace(ns);
         let page = settings.page_size as u64;
         let n = targets.len();
         let mut l = Lookup {

@@ -43,7 +43,7 @@ pub use approx_slots::{APPROX_MAX_BLOCKS, APPROX_TTL_MS};
 pub use book::{CacheBook, DEFAULT_MAX_BLOCKS, UNLINK_STEP};
 pub use index::{KvIndex, Slot, SlotStats};
 pub use lookup::{Lookup, PrefixSettings, PrefixSource};
-pub use request::{PromptChain, prompt_ids};
+pub use request::{ChainNamespace, PromptChain, prompt_ids};
 pub use stream::{CacheCounters, EVENT_TYPES, ResyncReason, StreamStats, View};
 pub use tier::{Tier, TierMatch};
 pub use tokenizer::RouterTokenizer;

@@ -14,8 +14,9 @@
 //!   router sent). A body that is not a generation request, or that the engine would refuse, has
 //!   no chain: it is routed on load alone, and the engine answers the client's mistake itself.
 
-use super::chain_hash::page_hashes;
+use super::chain_hash::page_hashes_from;
 use super::tokenizer::RouterTokenizer;
+use loadlink_wire::kv_namespace::{Namespace, namespaced_block_hash};
 use loadlink_wire::prompt::{Prompt, PromptRoute, json_object, prompt_of};
 use smallvec::SmallVec;
 
@@ -42,6 +43,26 @@ pub struct PromptChain {
     matchable: Vec<u32>,
     /// Chains already hashed, by block size: the block hashes of the full pages, root first.
     chains: SmallVec<[(u64, Vec<i64>); 2]>,
+    /// The request's cache namespace, as its engine hashes it ([`ChainNamespace`]).
+    ns: ChainNamespace,
+}
+
+/// How a namespace changes a request's chain (`loadlink_wire::kv_namespace`): the chain's first
+/// prior (a `cache_salt`) and the seed every hash is re-hashed with (an adapter). Both absent: the
+/// shared namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChainNamespace {
+    pub prior: Option<[u8; 32]>,
+    pub seed: Option<[u8; 32]>,
+}
+
+impl From<&Namespace> for ChainNamespace {
+    fn from(ns: &Namespace) -> Self {
+        ChainNamespace {
+            prior: ns.prior(),
+            seed: ns.event_seed(),
+        }
+    }
 }
 
 impl PromptChain {
@@ -59,7 +80,15 @@ impl PromptChain {
             prompt_tokens,
             matchable: ids,
             chains: SmallVec::new(),
+            ns: ChainNamespace::default(),
         }
+    }
+
+    /// The same prompt in namespace `ns` (before any chain is hashed).
+    pub fn in_namespace(mut self, ns: ChainNamespace) -> Self {
+        self.chains.clear();
+        self.ns = ns;
+        self
     }
 
     /// The chain at `block_size` tokens per page, hashed on first use (a size of 0 has none).
@@ -67,10 +96,15 @@ impl PromptChain {
         let at = match self.chains.iter().position(|(b, _)| *b == block_size) {
             Some(i) => i,
             None => {
-                let chain = match usize::try_from(block_size) {
-                    Ok(b) if b > 0 => page_hashes(&self.matchable, b),
+                let mut chain = match usize::try_from(block_size) {
+                    Ok(b) if b > 0 => page_hashes_from(&self.matchable, b, self.ns.prior),
                     _ => Vec::new(),
                 };
+                if let Some(seed) = &self.ns.seed {
+                    chain
+                        .iter_mut()
+                        .for_each(|h| *h = namespaced_block_hash(*h, Some(seed)));
+                }
                 self.chains.push((block_size, chain));
                 self.chains.len() - 1
             }
@@ -123,6 +157,17 @@ mod tests {
         let one = c.chain(1)[0];
         assert_ne!(one, c.chain(16)[0], "sizes never share hashes");
         assert_eq!(PromptChain::of_request("/v1/models", b"{}", &tok), None);
+        let lora = Namespace {
+            lora: Some(loadlink_wire::kv_namespace::LoraRef::from_path("a", "/a")),
+            cache_salt: Some("s".into()),
+            ..Default::default()
+        };
+        let mut n = PromptChain::of_ids(ids.clone()).in_namespace((&lora).into());
+        assert_eq!(
+            n.chain(16),
+            lora.event_hashes(&ids[..39], 16),
+            "a namespaced chain is what the engine publishes in that namespace"
+        );
         assert_eq!(PromptChain::of_request("/generate", b"{", &tok), None);
     }
 }

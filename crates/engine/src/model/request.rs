@@ -1,0 +1,92 @@
+//! What goes into the scheduler ([`Submit`]: a request, with its adapter and cache namespace)
+//! and what comes out of a step ([`Step`], [`Event`]). Their own file so the scheduling logic in
+//! `mod.rs` stays readable.
+
+use loadlink_wire::kv_namespace::Namespace;
+use std::sync::Arc;
+
+/// A request as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submit {
+    pub id: u64,
+    pub prompt_tokens: u64,
+    pub max_new_tokens: u64,
+    /// The prompt's token ids, when known (`prompt_tokens` is then their count). Without them the
+    /// request can neither hit nor fill the prefix cache.
+    pub prompt: Option<Arc<[u32]>>,
+    /// The LoRA adapter it runs with: an index into the engine's adapter table (`None`: the base
+    /// model). It runs only while that adapter is resident ([`super::LoraConfig`]).
+    pub adapter: Option<u32>,
+    /// Its cache namespace (`None`: the plain one): what keeps its cached pages apart from other
+    /// namespaces' and how its KV events hash them ([`crate::page_chain`]). A request with an
+    /// adapter should name it here too (`Namespace::lora`), as SGLang's `extra_key` carries it.
+    pub namespace: Option<Arc<Namespace>>,
+}
+
+impl Submit {
+    /// A request known only by its token counts.
+    pub fn counted(id: u64, prompt_tokens: u64, max_new_tokens: u64) -> Self {
+        Submit {
+            id,
+            prompt_tokens,
+            max_new_tokens,
+            prompt: None,
+            adapter: None,
+            namespace: None,
+        }
+    }
+
+    /// A request with its prompt's token ids.
+    pub fn tokens(id: u64, prompt: Arc<[u32]>, max_new_tokens: u64) -> Self {
+        Submit {
+            id,
+            prompt_tokens: prompt.len() as u64,
+            max_new_tokens,
+            prompt: Some(prompt),
+            adapter: None,
+            namespace: None,
+        }
+    }
+
+    /// The same request, run with adapter `adapter` (an index into the engine's adapter table).
+    pub fn with_adapter(mut self, adapter: u32) -> Self {
+        self.adapter = Some(adapter);
+        self
+    }
+
+    /// The same request, in cache namespace `namespace`.
+    pub fn with_namespace(mut self, namespace: Arc<Namespace>) -> Self {
+        self.namespace = Some(namespace);
+        self
+    }
+}
+
+/// Something a request's client should hear about; all happen at the end of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The first output token (end of prefill).
+    FirstToken { id: u64 },
+    /// One more output token.
+    Token { id: u64 },
+    /// Done; `completion_tokens` tokens were generated.
+    Finished {
+        id: u64,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    Prefill,
+    Decode,
+    Idle,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub kind: StepKind,
+    /// Seconds the step takes (0 when idle).
+    pub duration: f64,
+    pub events: Vec<Event>,
+}
