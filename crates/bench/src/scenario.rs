@@ -396,7 +396,10 @@ pub fn run_admitted(
 /// models has each engine's own model config and served name ([`models::fleet`]).
 pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>) -> SimConfig {
     let (engines, served) = match s.workload {
-        Workload::Models => models::fleet().into_iter().map(|(n, m)| (m, n.into())).unzip(),
+        Workload::Models => models::fleet()
+            .into_iter()
+            .map(|(n, m)| (m, n.into()))
+            .unzip(),
         _ => (vec![s.model; s.engines], Vec::new()),
     };
     SimConfig {

@@ -18,8 +18,7 @@
 //! * an engine of several DP ranks is that many schedulers, each publishing on its own; a request
 //!   without a rank goes through the engine's dispatcher ([`ranks`]). Everything per engine above
 //!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank;
-//! * a fleet of several models restricts each request's candidates to the engines serving its
-//!   model, and prices its LoRA adapter with each replica's adapter book ([`models`]).
+//! * with several models, a request's candidates serve its model, its adapter priced ([`models`]).
 
 pub mod admission;
 mod cache;
@@ -27,6 +26,7 @@ mod clairvoyant;
 mod delivery;
 mod engine;
 mod events;
+mod finish;
 mod models;
 mod outcome;
 mod queues;
@@ -50,7 +50,6 @@ use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
-use loadlink_wire::kv_events::page_hashes;
 use queues::QueueSamples;
 use ranks::{Dispatcher, Layout};
 use std::collections::BinaryHeap;
@@ -271,10 +270,7 @@ impl Sim<'_> {
             match ev {
                 Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
                 Event::Finished { id, .. } => {
-                    if let Some((r, c, sent)) = self.reqs[id as usize].routed {
-                        let w = &self.books[r][c.worker as usize];
-                        self.models.done(r, id as usize, w, c, (sent, ms(t)));
-                    }
+                    self.adapter_done(id as usize, ms(t));
                     let r = &mut self.reqs[id as usize];
                     r.done = Some(t);
                     r.first.get_or_insert(t);
@@ -375,20 +371,7 @@ impl Sim<'_> {
             SimRouter::Policy(p) => p,
         };
         let r = i % self.cfg.routers;
-        // The chain the engine will match: full pages of all but the prompt's last token.
-        let page = self.cfg.engines.first().map_or(16, |m| m.page_size);
-        let chain = match (&submit.prompt, self.cfg.cache) {
-            (Some(p), CacheView::Approx | CacheView::Index) if !p.is_empty() => {
-                page_hashes(&p[..p.len() - 1], page)
-            }
-            // A prompt known only by its length is unique text: SGLang's tree still records it
-            // (its smallest-tree choice then balances the text sent), so the approximate tree
-            // records a chain no other request shares.
-            (None, CacheView::Approx) => (0..submit.prompt_tokens / page as u64)
-                .map(|k| mix(i as u64 ^ (k << 40) ^ 0x5e55_1011) as i64)
-                .collect(),
-            _ => Vec::new(),
-        };
+        let chain = cache::chain(submit, self.cfg, i);
         let list = self.models.candidates(i);
         if list.is_empty() {
             if arrival {
@@ -400,14 +383,14 @@ impl Sim<'_> {
         let targets = Candidates::listed(&self.books[r], list);
         let caches = &mut self.caches[r];
         caches.lookup(&chain, ms(t), targets, &mut cached, (&mut host, &mut sizes));
-        let costs = &mut self.adapter_costs;
-        self.models.fill_costs(r, i, targets, ms(t), costs);
+        self.models
+            .fill_costs(r, i, targets, ms(t), &mut self.adapter_costs);
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
             .with_candidates(list)
             .with_prefix(submit.prompt_tokens, &cached)
             .with_host_cached(&host)
             .with_cache_sizes(&sizes)
-            .with_adapter_costs(costs);
+            .with_adapter_costs(&self.adapter_costs);
         view.now_ms = ms(t);
         let cfg = self.cfg;
         let gate = cfg
@@ -445,8 +428,7 @@ impl Sim<'_> {
             let uncached = submit.prompt_tokens.saturating_sub(cached[p]);
             self.reqs[i].guard = Some(InflightGuard::to_target(w, c.rank, uncached));
             self.caches[r].dispatched(c, &chain, ms(t));
-            self.models.dispatched(r, i, &self.books[r][c.worker as usize], c, ms(t));
-            self.reqs[i].routed = Some((r, c, ms(t)));
+            self.adapter_dispatched(r, i, c, ms(t));
             unit = Some(self.unit_for(c));
         }
         self.scratch = (cached, host, sizes);
@@ -514,28 +496,5 @@ pub fn simulate_with_queues(
         latest: delivery::Latest::new(layout.units()),
     };
     sim.run();
-    let mut out = std::mem::take(&mut sim.out);
-    let mut floors = std::collections::HashMap::new();
-    for (i, r) in sim.reqs.iter().enumerate() {
-        if let (Some(f), Some(d)) = (r.first, r.done) {
-            out.ttft.push(f - r.arrived);
-            out.e2e.push(d - r.arrived);
-            let e = layout.engine_of(r.unit);
-            let prompt = arrivals[i].prompt_tokens;
-            let floor = *floors
-                .entry((e, prompt))
-                .or_insert_with(|| isolated_ttft(cfg.engines[e], prompt));
-            out.ttft_floor.push(floor);
-        }
-    }
-    out.completed = out.e2e.len();
-    let totals = sim.engines.iter().map(SimEngine::cache_totals);
-    out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
-    out.loaded_back_tokens = sim.engines.iter().map(SimEngine::loaded_back_tokens).sum();
-    out.adapter_loads = sim.engines.iter().map(SimEngine::adapter_loads).sum();
-    out.adapter_requests = (0..arrivals.len())
-        .filter(|&i| sim.models.adapter(i).is_some() && sim.reqs[i].done.is_some())
-        .count() as u64;
-    let queues = sim.queues.finish(&mut out);
-    (out, queues)
+    sim.finish()
 }

@@ -201,14 +201,15 @@ impl AdapterBook {
     /// The engine's report of the adapters resident on each rank (least recently used first):
     /// replaces what the dispatch history believed there (the decayed request counts and the
     /// in-flight requests of adapters still resident are kept). Names beyond the interner's bound are left out.
-    pub fn report(&self, worker: &str, ranks: &[Vec<String>], now_ms: u64) {
+    pub fn report<S: AsRef<str>>(&self, worker: &str, ranks: &[Vec<S>], now_ms: u64) {
         let mut g = self.inner.lock();
         let ids: Vec<Vec<AdapterId>> = ranks
             .iter()
             .take(MAX_REPORTED)
             .map(|names| {
                 let it = names.iter().take(MAX_REPORTED);
-                it.filter_map(|n| intern_in(&mut g.names, n)).collect()
+                it.filter_map(|n| intern_in(&mut g.names, n.as_ref()))
+                    .collect()
             })
             .collect();
         let w = worker_mut(&mut g.workers, worker);
@@ -329,7 +330,11 @@ impl AdapterBook {
         };
         let pool = self.pool(w);
         match rank {
-            Some(r) => w.slots.get(r as usize).unwrap_or(&empty).cost(id, pool, now),
+            Some(r) => w
+                .slots
+                .get(r as usize)
+                .unwrap_or(&empty)
+                .cost(id, pool, now),
             None if w.slots.len() <= 1 => w.slots.first().unwrap_or(&empty).cost(id, pool, now),
             None => {
                 // The engine's dispatcher picks the rank: the mean over its ranks.

@@ -14,6 +14,7 @@ fn book(capacity: usize) -> (AdapterBook, Vec<AdapterId>) {
         default_capacity: capacity,
         default_load_s: LOAD,
         horizon_ms: 10_000,
+        request_s_prior: 4.0,
     });
     let ids = (0..8)
         .map(|i| b.intern(&format!("a{i}")).unwrap())
@@ -63,6 +64,10 @@ fn prices_resident_absent_and_evicting() {
     }
     b.record_dispatch(w, Some(0), a[1], 400);
     assert_eq!(b.price(w, Some(0), a[1], 500).seconds(), 0.0);
+    // All four requests finished: no adapter is in use, a load waits for nothing.
+    for (ad, sent) in [(a[0], 100), (a[0], 200), (a[0], 300), (a[1], 400)] {
+        b.record_done(w, Some(0), ad, (sent, 450));
+    }
     // a2 would evict a0 (least recently used), which had ~3/4 of the rank's recent requests.
     let c = b.price(w, Some(0), a[2], 500);
     assert!(c.evicts && !c.resident);
@@ -78,6 +83,34 @@ fn prices_resident_absent_and_evicting() {
     // Nonsense advertised values count as not advertised.
     b.configure(w, Some(0), Some(f64::NAN));
     assert!((b.price(w, Some(1), a[2], 500).seconds() - LOAD).abs() < 1e-12);
+}
+
+#[test]
+fn when_every_resident_adapter_is_in_use_the_price_adds_the_wait_for_one_to_drain() {
+    let (b, a) = book(2);
+    let w = "http://w0";
+    // Two requests in flight, for a0 (sent at 0) and a1 (sent at 1 s): both slots busy.
+    b.record_dispatch(w, Some(0), a[0], 0);
+    b.record_dispatch(w, Some(0), a[1], 1_000);
+    let c = b.price(w, Some(0), a[2], 2_000);
+    assert!(c.evicts && c.waits && !c.resident);
+    // No request has finished there yet: the prior (4 s) says a0's ends at 4 s, 2 s from now.
+    assert!((c.wait_s - 2.0).abs() < 1e-9, "{c:?}");
+    // a0's request ends after 3 s: the worker's mean is now 3 s, and a0's slot is idle, so a
+    // load into it costs no wait (and reloading a0 later is priced by its share).
+    b.record_done(w, Some(0), a[0], (0, 3_000));
+    let c = b.price(w, Some(0), a[2], 3_000);
+    assert!(c.evicts && !c.waits && c.wait_s == 0.0 && c.load_s > LOAD);
+    // Busy again: a0 sent at 3 s; the soonest to drain is a1 (sent at 1 s): 3 s mean, 1 s left.
+    b.record_dispatch(w, Some(0), a[0], 3_000);
+    let c = b.price(w, Some(0), a[2], 3_000);
+    assert!((c.wait_s - 1.0).abs() < 1e-9, "{c:?}");
+    // The dispatch of a2 to the full, busy rank evicts (in belief) the least recently used.
+    b.record_dispatch(w, Some(0), a[2], 3_500);
+    assert_eq!(b.resident(w, 0, 3_500), ["a0", "a2"]);
+    // Finishing an unknown worker's or adapter's request is ignored.
+    b.record_done("http://nobody", None, a[0], (0, 1));
+    b.record_done(w, Some(7), a[5], (0, 1));
 }
 
 #[test]
@@ -103,7 +136,7 @@ fn reports_override_the_history() {
     b.record_dispatch(w, Some(0), a[0], 400);
     assert_eq!(b.resident(w, 0, 400), ["a1", "a3", "a0"]);
     // An empty report empties the rank.
-    b.report(w, &[vec![]], 500);
+    b.report(w, &[Vec::<&str>::new()], 500);
     assert!(b.resident(w, 0, 500).is_empty());
 }
 
@@ -115,8 +148,8 @@ fn whole_workers_are_priced_at_the_mean_over_ranks_and_candidates_in_order() {
         .map(|i| Arc::new(Worker::new(format!("http://w{i}"), 2, None, epoch)))
         .collect();
     // w0 holds a0 on rank 0 only; w1 holds it on both ranks.
-    b.report("http://w0", &[vec!["a0".into()], vec![]], 0);
-    b.report("http://w1", &[vec!["a0".into()], vec!["a0".into()]], 0);
+    b.report("http://w0", &[vec!["a0"], vec![]], 0);
+    b.report("http://w1", &[vec!["a0"], vec!["a0"]], 0);
     let list = [
         Candidate {
             worker: 0,

@@ -177,7 +177,10 @@ impl View for FleetView<'_> {
     }
     #[inline]
     fn adapter_cost(&self, i: usize) -> AdapterCost {
-        self.adapter_costs.get(i).copied().unwrap_or(AdapterCost::RESIDENT)
+        self.adapter_costs
+            .get(i)
+            .copied()
+            .unwrap_or(AdapterCost::RESIDENT)
     }
     fn host_load_s_per_token(&self, i: usize) -> Option<f64> {
         match self.worker(i).host_load_tokens_per_s.load(Relaxed) {

@@ -60,7 +60,10 @@ impl ModelRouting {
             .map(|a| match &a.model {
                 Some(m) if !served.is_empty() => Named {
                     // A model no engine serves gets the index past the list: no candidates.
-                    model: model_ix.get(m.model.as_ref()).copied().unwrap_or(usize::MAX),
+                    model: model_ix
+                        .get(m.model.as_ref())
+                        .copied()
+                        .unwrap_or(usize::MAX),
                     adapter: m.adapter.as_deref().map(|ad| {
                         let n = adapter_ix.len() as u32;
                         *adapter_ix.entry((m.model.as_ref(), ad)).or_insert(n)
@@ -115,7 +118,14 @@ impl ModelRouting {
     /// Request `i`'s candidates: the engines serving its model (empty: none does; a request that
     /// names no model goes to the first model's).
     pub(crate) fn candidates(&self, i: usize) -> &[Candidate] {
-        self.lists.get(self.named[i].model).map_or(&[], Vec::as_slice)
+        self.lists
+            .get(self.named[i].model)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Request `i`'s adapter in the books (`None`: none, or past the books' bound).
+    fn id(&self, i: usize) -> Option<AdapterId> {
+        self.named[i].adapter.and_then(|a| self.ids[a as usize])
     }
 
     /// Request `i`'s adapter index for its engine's scheduler.
@@ -125,28 +135,48 @@ impl ModelRouting {
 
     /// The seconds request `i`'s adapter costs on each of `targets`, as replica `r` believes, into
     /// `out` (left empty for a request without an adapter).
-    pub(crate) fn fill_costs(&self, r: usize, i: usize, targets: Candidates<'_>, now_ms: u64, out: &mut Vec<AdapterCost>) {
+    pub(crate) fn fill_costs(
+        &self,
+        r: usize,
+        i: usize,
+        targets: Candidates<'_>,
+        now_ms: u64,
+        out: &mut Vec<AdapterCost>,
+    ) {
         out.clear();
-        if let Some(a) = self.named[i].adapter {
-            if let Some(id) = self.ids[a as usize] {
-                self.books[r].fill_costs(targets, id, now_ms, out);
-            }
+        if let Some(id) = self.id(i) {
+            self.books[r].fill_costs(targets, id, now_ms, out);
         }
     }
 
     /// Request `i`, sent by replica `r` to candidate `c` of `worker` at `sent_ms`, finished.
-    pub(crate) fn done(&self, r: usize, i: usize, worker: &Worker, c: Candidate, at: (u64, u64)) {
-        if let Some(id) = self.named[i].adapter.and_then(|a| self.ids[a as usize]) {
+    fn done(&self, r: usize, i: usize, worker: &Worker, c: Candidate, at: (u64, u64)) {
+        if let Some(id) = self.id(i) {
             self.books[r].record_done(&worker.url, c.rank, id, at);
         }
     }
 
     /// Replica `r` sent request `i` to candidate `c` of `worker`.
-    pub(crate) fn dispatched(&self, r: usize, i: usize, worker: &Worker, c: Candidate, now_ms: u64) {
-        if let Some(a) = self.named[i].adapter {
-            if let Some(id) = self.ids[a as usize] {
-                self.books[r].record_dispatch(&worker.url, c.rank, id, now_ms);
-            }
+    fn dispatched(&self, r: usize, i: usize, worker: &Worker, c: Candidate, now_ms: u64) {
+        if let Some(id) = self.id(i) {
+            self.books[r].record_dispatch(&worker.url, c.rank, id, now_ms);
+        }
+    }
+}
+
+impl super::Sim<'_> {
+    /// Replica `r` sent request `i` to candidate `c` at `now_ms`: its adapter book records it.
+    pub(super) fn adapter_dispatched(&mut self, r: usize, i: usize, c: Candidate, now_ms: u64) {
+        let w = &self.books[r][c.worker as usize];
+        self.models.dispatched(r, i, w, c, now_ms);
+        self.reqs[i].routed = Some((r, c, now_ms));
+    }
+
+    /// Request `i` finished at `now_ms`: the book of the replica that sent it hears it.
+    pub(super) fn adapter_done(&self, i: usize, now_ms: u64) {
+        if let Some((r, c, sent)) = self.reqs[i].routed {
+            let w = &self.books[r][c.worker as usize];
+            self.models.done(r, i, w, c, (sent, now_ms));
         }
     }
 }

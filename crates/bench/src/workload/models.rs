@@ -44,7 +44,9 @@ impl Cdf {
 
     fn draw(&self, rng: &mut Rng) -> usize {
         let u = rng.unit();
-        self.0.partition_point(|&x| x < u).min(self.0.len().saturating_sub(1))
+        self.0
+            .partition_point(|&x| x < u)
+            .min(self.0.len().saturating_sub(1))
     }
 }
 
@@ -134,11 +136,19 @@ mod tests {
         // Zipf 1.1 over 32: adapter 0 takes 28.4% of the model's requests, adapter 1 is 2^1.1
         // times rarer.
         let base = named("base").count() as f64;
-        assert!((count(0) / base - 0.284).abs() < 0.015, "{}", count(0) / base);
+        assert!(
+            (count(0) / base - 0.284).abs() < 0.015,
+            "{}",
+            count(0) / base
+        );
         assert!((count(0) / count(1) - 2f64.powf(1.1)).abs() < 0.2);
         assert!(count(31) > 0.0, "the tail is drawn too");
         // Times and prompts unchanged; the same seed tags the same way.
-        assert!(a.iter().zip(&untagged).all(|(x, y)| x.t == y.t && x.prompt_tokens == y.prompt_tokens));
+        assert!(
+            a.iter()
+                .zip(&untagged)
+                .all(|(x, y)| x.t == y.t && x.prompt_tokens == y.prompt_tokens)
+        );
         let mut again = untagged.clone();
         assign_models(&mut again, &mix, 7);
         assert_eq!(again, a);

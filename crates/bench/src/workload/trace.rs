@@ -196,10 +196,14 @@ mod tests {
                 .contains("messages")
         );
         assert!(err(r#"{"t": 0, "output_tokens": 1, "input_ids": []}"#).contains("empty"));
-        assert!(err(r#"{"t": 0, "output_tokens": 1, "prompt_tokens": 1, "adapter": "a"}"#)
-            .contains("adapter: given without its model"));
-        assert!(err(r#"{"t": 0, "output_tokens": 1, "prompt_tokens": 1, "model": 3}"#)
-            .contains("model: expected a non-empty string"));
+        assert!(
+            err(r#"{"t": 0, "output_tokens": 1, "prompt_tokens": 1, "adapter": "a"}"#)
+                .contains("adapter: given without its model")
+        );
+        assert!(
+            err(r#"{"t": 0, "output_tokens": 1, "prompt_tokens": 1, "model": 3}"#)
+                .contains("model: expected a non-empty string")
+        );
     }
 
     #[test]

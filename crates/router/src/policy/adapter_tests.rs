@@ -107,7 +107,7 @@ fn min_ttft_goes_where_the_adapter_is_until_the_queue_costs_more_than_a_load() {
     let v = Adapters {
         queued: [0.0, 0.3, 0.0],
         adapter: [LOAD, 0.0, LOAD],
-        wait: [1.0, 0.0, 0.2],
+        wait: [1.0, 0.0, 0.4],
         ..IDLE
     };
     assert_eq!(picks(aware, &v), [1].into());

@@ -30,12 +30,18 @@ fn requests_go_only_to_engines_serving_their_model() {
     let cfg = super::super::sim_config(&s, &v, None);
     let o = simulate(&cfg, &a, 600.0);
     assert_eq!(o.completed, a.len());
-    let expected: Vec<f64> = a.iter().map(|x| isolated_ttft(small, x.prompt_tokens)).collect();
+    let expected: Vec<f64> = a
+        .iter()
+        .map(|x| isolated_ttft(small, x.prompt_tokens))
+        .collect();
     let mut floors = o.ttft_floor.clone();
     let mut want = expected.clone();
     floors.sort_by(f64::total_cmp);
     want.sort_by(f64::total_cmp);
-    assert_eq!(floors, want, "every request served by the small model's engine");
+    assert_eq!(
+        floors, want,
+        "every request served by the small model's engine"
+    );
     assert_eq!(o.adapter_loads, 0);
     // A model no engine serves is refused, not sent anywhere.
     a[0].model = Some(ModelRef {
@@ -50,43 +56,17 @@ fn requests_go_only_to_engines_serving_their_model() {
 fn adapter_aware_min_ttft_loads_adapters_less_often_than_blind() {
     let s = short();
     let rows = comparison(&s, 1, s.load, &MODEL_VARIANTS[2..], |_| {});
+    let p99 = |o: &Outcome| quantile(&o.ttft, 0.99);
     let (blind, aware) = (&rows[0].outcome, &rows[1].outcome);
     assert!(blind.adapter_requests > 200, "{}", blind.adapter_requests);
     assert_eq!(blind.completed, aware.completed);
+    eprintln!("{}{}", table(&rows), acceptance(&rows));
     assert!(
-        aware.adapter_loads * 2 <= blind.adapter_loads,
+        aware.adapter_loads * 10 <= blind.adapter_loads * 7,
         "aware {} vs blind {} loads",
         aware.adapter_loads,
         blind.adapter_loads
     );
+    assert!(p99(aware) < p99(blind), "{} vs {}", p99(aware), p99(blind));
     assert!(acceptance(&rows).contains("the adapter loads"));
-}
-
-#[test]
-#[ignore]
-fn explore() {
-    let mut s = scenario();
-    s.duration_s = std::env::var("ADP_DUR").ok().and_then(|v| v.parse().ok()).unwrap_or(120.0);
-    let load: f64 = std::env::var("ADP_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(s.load);
-    for seed in 1..=2 {
-        let rows = comparison(&s, seed, load, &MODEL_VARIANTS, |_| {});
-        eprintln!("seed {seed} ADP_SCALE={:?}\n{}{}", std::env::var("ADP_SCALE"), table(&rows), acceptance(&rows));
-    }
-}
-
-#[test]
-#[ignore]
-fn explore_per_model() {
-    let mut s = scenario();
-    s.duration_s = 120.0;
-    let load: f64 = std::env::var("ADP_LOAD").ok().and_then(|v| v.parse().ok()).unwrap_or(s.load);
-    let all = arrivals(&s, 1, load);
-    for m in [BASE] {
-        let a: Vec<_> = all.iter().filter(|x| x.model.as_ref().unwrap().model.as_ref() == m).cloned().collect();
-        for v in &MODEL_VARIANTS[2..] {
-            let cfg = super::super::sim_config(&s, v, None);
-            let o = simulate(&cfg, &a, 600.0);
-            eprintln!("{m} {} n={} loads={} p50={:.3} p99={:.3} adreq={}", v.label, a.len(), o.adapter_loads, quantile(&o.ttft, 0.5), quantile(&o.ttft, 0.99), o.adapter_requests);
-        }
-    }
 }
