@@ -220,19 +220,27 @@ fn loads(o: &Outcome) -> f64 {
     o.adapter_loads_per_1k().unwrap_or(0.0)
 }
 
-/// The table: adapter loads per 1,000 requests, TTFT, the prefix hit rate.
+/// The fraction of adapter requests that found their adapter resident (no load).
+pub fn adapter_hit_rate(o: &Outcome) -> Option<f64> {
+    (o.adapter_requests > 0)
+        .then(|| 1.0 - (o.adapter_loads as f64 / o.adapter_requests as f64).min(1.0))
+}
+
+/// The table: adapter loads per 1,000 requests, the adapter hit rate, TTFT, the prefix hit rate
+/// (0 with unique prompts; kept so the row reads like the other comparisons').
 pub fn table(rows: &[ModelRow]) -> String {
     let mut t = format!(
-        "{:<26} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-        "router", "loads/1k req", "TTFT p50", "TTFT p99", "wait p99", "hit %", "done"
+        "{:<26} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "router", "loads/1k req", "adapter %", "TTFT p50", "TTFT p99", "wait p99", "hit %", "done"
     );
     for r in rows {
         let o = &r.outcome;
         let _ = writeln!(
             t,
-            "{:<26} {:>12.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>9.1} {:>9}",
+            "{:<26} {:>12.1} {:>9.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>9.1} {:>9}",
             r.variant.label,
             loads(o),
+            adapter_hit_rate(o).unwrap_or(0.0) * 100.0,
             quantile(&o.ttft, 0.5),
             quantile(&o.ttft, 0.99),
             quantile(&o.waits(), 0.99),
@@ -280,6 +288,7 @@ pub fn rows_json(rows: &[ModelRow], load: f64) -> Vec<Value> {
             v["adapter_loads"] = json!(r.outcome.adapter_loads);
             v["adapter_requests"] = json!(r.outcome.adapter_requests);
             v["adapter_loads_per_1k_requests"] = json!(loads(&r.outcome));
+            v["adapter_hit_rate"] = json!(adapter_hit_rate(&r.outcome));
             v
         })
         .collect()
