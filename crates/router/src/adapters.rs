@@ -38,6 +38,7 @@
 //! it once to price all its candidates ([`AdapterBook::fill_costs`]) and once to record its
 //! dispatch.
 
+mod hooks;
 mod slot;
 
 use crate::candidate::Candidates;
