@@ -406,6 +406,7 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
         engines,
         served,
         adapter_book: loadlink_router::adapters::AdapterBookConfig::default(),
+        adapter_reports_s: None,
         ranks: s.ranks.max(1),
         rank_routing: RankRouting::PerRank,
         routers: s.routers,

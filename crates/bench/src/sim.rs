@@ -105,6 +105,9 @@ pub struct SimConfig {
     pub served: Vec<Arc<str>>,
     /// The routers' adapter book (defaults for engines that advertise nothing; [`models`]).
     pub adapter_book: AdapterBookConfig,
+    /// Every this many seconds each router reads every engine's loaded adapters (`None`: never;
+    /// the books run on their dispatch history) ([`models`]).
+    pub adapter_reports_s: Option<f64>,
 }
 
 struct Req {
@@ -244,17 +247,7 @@ impl Sim<'_> {
                 }
                 Ev::Poll { router, engine } if self.remaining > 0 => self.poll(router, engine, t),
                 Ev::Poll { .. } => {}
-                Ev::Sample => {
-                    let w: Vec<f64> = self
-                        .engines
-                        .iter()
-                        .map(|e| e.num_waiting() as f64)
-                        .collect();
-                    self.queues.sample(&w);
-                    if self.remaining > 0 {
-                        self.push(t + 1.0, Ev::Sample);
-                    }
-                }
+                Ev::Sample => self.sample(t),
                 Ev::AdmitPoll(r) => self.poll_admission(r, t),
             }
             if self.remaining == 0 {

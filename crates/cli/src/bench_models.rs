@@ -12,7 +12,7 @@ use std::path::Path;
 /// The comparison on one seed: table, acceptance, JSON (`{stem}-seed{seed}.json`) and TTFT plot.
 pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
     let rows = models::comparison(s, seed, load, &models::MODEL_VARIANTS, |label| {
-        eprint!("\r{label:<32}");
+        eprint!("\r{label:<40}");
         let _ = std::io::stderr().flush();
     });
     eprintln!();
@@ -21,7 +21,7 @@ pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
     let plain: Vec<Row> = rows
         .into_iter()
         .map(|r| Row {
-            label: r.variant.label.to_string(),
+            label: r.variant.label(),
             load,
             outcome: r.outcome,
         })

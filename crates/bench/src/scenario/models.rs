@@ -26,11 +26,13 @@
 //! requests, TTFT p50/p99, the prefix hit rate.
 
 use super::{
-    CACHE_AWARE, MIN_TTFT, Scenario, Variant, Workload, engine_capacity, run_arrivals, variant,
+    CACHE_AWARE, MIN_TTFT, Scenario, Variant, Workload, engine_capacity, sim_config, variant,
     workload_spec,
 };
 use crate::report::{Row, row_json};
-use crate::sim::{CacheView, DirectTarget, LoadDelivery, Outcome, SimRouter, quantile};
+use crate::sim::{
+    CacheView, DirectTarget, LoadDelivery, Outcome, SimConfig, SimRouter, quantile, simulate,
+};
 use crate::workload::{Arrival, ModelShare, adapter_name, assign_models, generate};
 use loadlink_engine::PublishPoint;
 use loadlink_engine::model::{LoraConfig, ModelConfig};
@@ -160,37 +162,54 @@ const fn min_ttft(adapter_pricing: AdapterPricing) -> Policy {
     })
 }
 
-/// The comparison's rows, in report order.
-pub const MODEL_VARIANTS: [Variant; 4] = [
-    variant(
-        "round_robin",
-        SimRouter::Policy(Policy::RoundRobin),
-        LoadSignal::Inflight,
-        CacheView::Blind,
-    ),
-    variant(
-        "cache_aware / inflight",
-        SimRouter::Policy(CACHE_AWARE),
-        LoadSignal::Inflight,
-        CacheView::Approx,
-    ),
-    variant(
-        "min_ttft adapter-blind",
-        SimRouter::Policy(min_ttft(AdapterPricing::Blind)),
-        LoadSignal::Backlog,
-        CacheView::Index,
-    ),
-    variant(
-        "min_ttft adapter-aware",
-        SimRouter::Policy(min_ttft(AdapterPricing::Aware)),
-        LoadSignal::Backlog,
-        CacheView::Index,
-    ),
+const fn row(label: &'static str, policy: Policy, reports_s: Option<f64>) -> ModelVariant {
+    let (signal, cache) = match policy {
+        Policy::RoundRobin => (LoadSignal::Inflight, CacheView::Blind),
+        Policy::CacheAware(_) => (LoadSignal::Inflight, CacheView::Approx),
+        _ => (LoadSignal::Backlog, CacheView::Index),
+    };
+    ModelVariant {
+        router: variant(label, SimRouter::Policy(policy), signal, cache),
+        reports_s,
+    }
+}
+
+/// One row: the router, and how often it reads the engines' loaded adapters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelVariant {
+    pub router: Variant,
+    /// Every this many seconds the router reads each engine's `loaded_loras` (`None`: never, its
+    /// adapter book runs on its dispatch history alone).
+    pub reports_s: Option<f64>,
+}
+
+impl ModelVariant {
+    pub fn label(&self) -> String {
+        match self.reports_s {
+            None => self.router.label.to_string(),
+            Some(s) => format!("{} + reports {s} s", self.router.label),
+        }
+    }
+}
+
+/// The rows' routers, adapter-blind and adapter-aware (the acceptance compares these two).
+pub const BLIND: &str = "min_ttft adapter-blind";
+pub const AWARE: &str = "min_ttft adapter-aware";
+
+/// The comparison's rows, in report order: the baselines, `min_ttft` adapter-blind and
+/// adapter-aware on dispatch history alone, and adapter-aware reading the engines' reports at the
+/// router's default model refresh (`--model-refresh-interval`, 30 s).
+pub const MODEL_VARIANTS: [ModelVariant; 5] = [
+    row("round_robin", Policy::RoundRobin, None),
+    row("cache_aware / inflight", CACHE_AWARE, None),
+    row(BLIND, min_ttft(AdapterPricing::Blind), None),
+    row(AWARE, min_ttft(AdapterPricing::Aware), None),
+    row(AWARE, min_ttft(AdapterPricing::Aware), Some(30.0)),
 ];
 
 /// One row's result.
 pub struct ModelRow {
-    pub variant: Variant,
+    pub variant: ModelVariant,
     pub outcome: Outcome,
 }
 
@@ -199,15 +218,19 @@ pub fn comparison(
     s: &Scenario,
     seed: u64,
     load: f64,
-    variants: &[Variant],
+    variants: &[ModelVariant],
     progress: impl Fn(&str),
 ) -> Vec<ModelRow> {
     let arrivals = arrivals(s, seed, load);
     variants
         .iter()
         .map(|v| {
-            progress(v.label);
-            let (outcome, _) = run_arrivals(s, &arrivals, v);
+            progress(&v.label());
+            let cfg = SimConfig {
+                adapter_reports_s: v.reports_s,
+                ..sim_config(s, &v.router, None)
+            };
+            let outcome = simulate(&cfg, &arrivals, s.duration_s * 4.0);
             ModelRow {
                 variant: *v,
                 outcome,
@@ -230,15 +253,15 @@ pub fn adapter_hit_rate(o: &Outcome) -> Option<f64> {
 /// (0 with unique prompts; kept so the row reads like the other comparisons').
 pub fn table(rows: &[ModelRow]) -> String {
     let mut t = format!(
-        "{:<26} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "{:<36} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "router", "loads/1k req", "adapter %", "TTFT p50", "TTFT p99", "wait p99", "hit %", "done"
     );
     for r in rows {
         let o = &r.outcome;
         let _ = writeln!(
             t,
-            "{:<26} {:>12.1} {:>9.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>9.1} {:>9}",
-            r.variant.label,
+            "{:<36} {:>12.1} {:>9.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>9.1} {:>9}",
+            r.variant.label(),
             loads(o),
             adapter_hit_rate(o).unwrap_or(0.0) * 100.0,
             quantile(&o.ttft, 0.5),
@@ -256,11 +279,10 @@ pub fn table(rows: &[ModelRow]) -> String {
 pub fn acceptance(rows: &[ModelRow]) -> String {
     let by = |l: &str| {
         rows.iter()
-            .find(|r| r.variant.label == l)
+            .find(|r| r.variant.label() == l)
             .map(|r| &r.outcome)
     };
-    let (Some(aware), Some(blind)) = (by("min_ttft adapter-aware"), by("min_ttft adapter-blind"))
-    else {
+    let (Some(aware), Some(blind)) = (by(AWARE), by(BLIND)) else {
         return String::new();
     };
     let (l, p) = (
@@ -281,7 +303,7 @@ pub fn rows_json(rows: &[ModelRow], load: f64) -> Vec<Value> {
     rows.iter()
         .map(|r| {
             let mut v = row_json(&Row {
-                label: r.variant.label.to_string(),
+                label: r.variant.label(),
                 load,
                 outcome: r.outcome.clone(),
             });
@@ -289,6 +311,7 @@ pub fn rows_json(rows: &[ModelRow], load: f64) -> Vec<Value> {
             v["adapter_requests"] = json!(r.outcome.adapter_requests);
             v["adapter_loads_per_1k_requests"] = json!(loads(&r.outcome));
             v["adapter_hit_rate"] = json!(adapter_hit_rate(&r.outcome));
+            v["adapter_reports_s"] = json!(r.variant.reports_s);
             v
         })
         .collect()

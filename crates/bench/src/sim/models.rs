@@ -5,9 +5,10 @@
 //! counts the loads), and each router replica keeps the production
 //! [`loadlink_router::adapters::AdapterBook`] of what it dispatched, which prices the adapter on
 //! every candidate for the policy's view. Each engine advertises its adapter capacity and load time
-//! to the book (as `/server_info`'s `max_loaded_loras` and `lora_load_time_s` do). The engines'
-//! own reports of resident adapters are not simulated: the book runs on its dispatch history
-//! alone, the case of engines that report nothing.
+//! to the book (as `/server_info`'s `max_loaded_loras` and `lora_load_time_s` do). With
+//! [`super::SimConfig::adapter_reports_s`], every router also reads each engine's loaded adapters
+//! that often (as the router's model refresh reads `loaded_loras`); without, the books run on their
+//! dispatch history alone, the case of engines that report nothing.
 //!
 //! Adapter names beyond the book's bound are neither priced nor recorded (their loads still
 //! happen in the engines). Direct (router-bypassing) traffic ignores models: scenarios with many models send none.
@@ -36,6 +37,10 @@ pub(crate) struct ModelRouting {
     /// Per router replica: its adapter book; per adapter index: its id in every book.
     books: Vec<AdapterBook>,
     ids: Vec<Option<AdapterId>>,
+    /// Per adapter index, its name in the books.
+    names: Vec<String>,
+    /// When the routers next read the engines' loaded adapters.
+    next_report_s: f64,
 }
 
 impl ModelRouting {
@@ -93,6 +98,10 @@ impl ModelRouting {
         };
         let books: Vec<AdapterBook> = (0..replicas).map(|_| AdapterBook::new(cfg)).collect();
         let mut ids = vec![None; adapter_ix.len()];
+        let mut names = vec![String::new(); adapter_ix.len()];
+        for ((model, ad), &ix) in &adapter_ix {
+            names[ix as usize] = format!("{model}:{ad}");
+        }
         for book in &books {
             for (e, w) in workers.iter().enumerate() {
                 let lora = models.get(e).map(|m| m.lora).unwrap_or_default();
@@ -101,10 +110,8 @@ impl ModelRouting {
                 }
             }
             // Interned in index order in every book, so one id stands for an adapter in all.
-            let mut by_ix: Vec<_> = adapter_ix.iter().collect();
-            by_ix.sort_by_key(|(_, ix)| **ix);
-            for ((model, ad), &ix) in by_ix {
-                ids[ix as usize] = book.intern(&format!("{model}:{ad}"));
+            for (ix, name) in names.iter().enumerate() {
+                ids[ix] = book.intern(name);
             }
         }
         ModelRouting {
@@ -112,6 +119,8 @@ impl ModelRouting {
             lists,
             books,
             ids,
+            names,
+            next_report_s: 0.0,
         }
     }
 
@@ -177,6 +186,32 @@ impl super::Sim<'_> {
         if let Some((r, c, sent)) = self.reqs[i].routed {
             let w = &self.books[r][c.worker as usize];
             self.models.done(r, i, w, c, (sent, now_ms));
+        }
+    }
+}
+
+impl super::Sim<'_> {
+    /// When due at `t`, every router reads every engine's loaded adapters, one list per rank.
+    pub(super) fn report_adapters(&mut self, t: f64) {
+        let Some(every) = self.cfg.adapter_reports_s else {
+            return;
+        };
+        if t < self.models.next_report_s {
+            return;
+        }
+        self.models.next_report_s = t + every;
+        let now = (t * 1000.0) as u64 + 1;
+        for e in 0..self.layout.engines {
+            let ranks: Vec<Vec<&str>> = (0..self.layout.ranks)
+                .map(|rank| {
+                    let loaded = self.engines[self.layout.unit(e, rank)].resident_adapters();
+                    let name = |a: u32| self.models.names.get(a as usize).map(String::as_str);
+                    loaded.into_iter().filter_map(name).collect()
+                })
+                .collect();
+            for (book, workers) in self.models.books.iter().zip(&self.books) {
+                book.report(&workers[e].url, &ranks, now);
+            }
         }
     }
 }

@@ -26,8 +26,7 @@ fn requests_go_only_to_engines_serving_their_model() {
         });
     }
     a.truncate(40);
-    let v = MODEL_VARIANTS[0];
-    let cfg = super::super::sim_config(&s, &v, None);
+    let cfg = super::super::sim_config(&s, &MODEL_VARIANTS[0].router, None);
     let o = simulate(&cfg, &a, 600.0);
     assert_eq!(o.completed, a.len());
     let expected: Vec<f64> = a
@@ -56,6 +55,7 @@ fn requests_go_only_to_engines_serving_their_model() {
 fn adapter_aware_min_ttft_loads_adapters_less_often_than_blind() {
     let s = short();
     let rows = comparison(&s, 1, s.load, &MODEL_VARIANTS[2..], |_| {});
+    let reported = &rows[2].outcome;
     let p99 = |o: &Outcome| quantile(&o.ttft, 0.99);
     let (blind, aware) = (&rows[0].outcome, &rows[1].outcome);
     assert!(blind.adapter_requests > 200, "{}", blind.adapter_requests);
@@ -69,4 +69,7 @@ fn adapter_aware_min_ttft_loads_adapters_less_often_than_blind() {
     );
     assert!(p99(aware) < p99(blind), "{} vs {}", p99(aware), p99(blind));
     assert!(acceptance(&rows).contains("the adapter loads"));
+    // Reading the engines' reports changes what the router believes, so where it routes.
+    assert_eq!(reported.completed, aware.completed);
+    assert_ne!(reported.ttft, aware.ttft, "the reports were read");
 }
