@@ -22,6 +22,7 @@ pub(crate) mod procs;
 mod routers;
 pub(crate) mod scrape;
 mod traffic;
+pub use traffic::AdapterField;
 mod variant;
 
 pub use variant::{ExternalRouter, LiveVariant, Slot};
@@ -44,6 +45,8 @@ pub struct LiveConfig {
     pub duration_s: f64,
     /// What to compare, in order ([`LiveVariant::defaults`]: the simulation's list).
     pub variants: Vec<LiveVariant>,
+    /// How a request names its LoRA adapter (requests of a many-model trace only).
+    pub adapter_field: traffic::AdapterField,
 }
 
 async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
@@ -79,7 +82,7 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
         urls: Vec::new(),
     };
     let ranks = s.ranks.max(1);
-    for _ in 0..s.engines {
+    for e in 0..s.engines {
         let http = free_port_block(1)?;
         // The KV ports (one per rank), then the load range the engine derives after them.
         let kv = free_port_block(2 * ranks as u16)?;
@@ -99,7 +102,10 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
                 ranks.to_string(),
                 "--kv-events-config".into(),
                 format!(r#"{{"publisher":"zmq","endpoint":"tcp://*:{kv}"}}"#),
-            ],
+            ]
+            .into_iter()
+            .chain(engine_args(s, e))
+            .collect::<Vec<String>>(),
         )?);
         fleet.urls.push(format!("http://127.0.0.1:{http}"));
     }
@@ -110,6 +116,14 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
         .await?;
     }
     Ok(fleet)
+}
+
+/// Engine `e`'s own flags: its model and adapters, in a fleet of several models.
+fn engine_args(s: &Scenario, e: usize) -> Vec<String> {
+    match s.workload {
+        crate::scenario::Workload::Models => crate::scenario::models::engine_args(e),
+        _ => Vec::new(),
+    }
 }
 
 /// Every engine's `/v1/loads` rows (core section).
@@ -279,6 +293,8 @@ async fn run_variant(
         cache_tokens: None,
         rejected: 0,
         loaded_back_tokens: 0,
+        adapter_loads: 0,
+        adapter_requests: 0,
     };
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;

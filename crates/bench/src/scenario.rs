@@ -9,6 +9,9 @@
 //! ([`blind_reuse`]), so "85% load" is 85% of what a cache-blind fleet sustains: the baseline a
 //! cache-aware router must beat.
 //!
+//! `tiers` prices a host KV tier ([`tiers`]); `models` spreads S1's prompts over three models and
+//! 32 LoRA adapters of one of them ([`models`]).
+//!
 //! S5 is S3's mix on 8 schedulers, run as 8 one-rank engines and as 2 engines of 4 DP ranks, routed
 //! per rank and whole ([`ranks`]). Calibration counts schedulers (engines × ranks), so both fleets
 //! get the same arrivals.
@@ -54,6 +57,9 @@ pub enum Workload {
     Lengths,
     /// Prefix-sharing shapes, each with its share of the requests.
     Prefix(Vec<(f64, Shape)>),
+    /// S1's unique prompts spread over several models and LoRA adapters, on the fleet of
+    /// [`models::fleet`] ([`models`]).
+    Models,
 }
 
 pub const NAMES: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
@@ -138,8 +144,9 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             ..s1
         }),
         "tiers" => Ok(tiers::scenario()),
+        "models" => Ok(models::scenario()),
         o => Err(format!(
-            "unknown scenario {o:?}; expected one of {}, tiers",
+            "unknown scenario {o:?}; expected one of {}, tiers, models",
             NAMES.join(", ")
         )),
     }
@@ -225,6 +232,7 @@ pub fn offered_rate(s: &Scenario, seed: u64, load: f64) -> f64 {
 pub fn arrivals(s: &Scenario, seed: u64, load: f64) -> Vec<Arrival> {
     match &s.workload {
         Workload::Lengths => generate(&workload_spec(s, seed, load)),
+        Workload::Models => models::arrivals(s, seed, load),
         Workload::Prefix(parts) => {
             let rate = offered_rate(s, seed, load);
             generate_mix(&prefix_traffic(s, seed, rate), parts)
@@ -289,7 +297,7 @@ const fn variant(
 }
 
 /// SGLang-router 0.3.2's `cache_aware` defaults (see [`CacheAware`]).
-const CACHE_AWARE: Policy = Policy::CacheAware(CacheAware {
+pub(crate) const CACHE_AWARE: Policy = Policy::CacheAware(CacheAware {
     cache_threshold: 0.3,
     balance_abs_threshold: 64,
     balance_rel_threshold: 1.5,
@@ -304,6 +312,7 @@ pub const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
     tie_abs_s: 0.002,
     tier_pricing: loadlink_router::policy::TierPricing::Aware,
     host_load_tokens_per_s: loadlink_router::policy::DEFAULT_HOST_LOAD_TOKENS_PER_S,
+    adapter_pricing: loadlink_router::policy::AdapterPricing::Aware,
 });
 
 /// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight
@@ -383,10 +392,21 @@ pub fn run_admitted(
 
 /// The simulator's configuration for variant `v` on the scenario's fleet (the one place a
 /// scenario's fixed settings — freshness, network delay, publish cadence — are written). Ranks of
-/// multi-rank engines are routed per rank, as `loadlink route` does by default.
+/// multi-rank engines are routed per rank, as `loadlink route` does by default. A fleet of several
+/// models has each engine's own model config and served name ([`models::fleet`]).
 pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>) -> SimConfig {
+    let (engines, served) = match s.workload {
+        Workload::Models => models::fleet()
+            .into_iter()
+            .map(|(n, m)| (m, n.into()))
+            .unzip(),
+        _ => (vec![s.model; s.engines], Vec::new()),
+    };
     SimConfig {
-        engines: vec![s.model; s.engines],
+        engines,
+        served,
+        adapter_book: loadlink_router::adapters::AdapterBookConfig::default(),
+        adapter_reports_s: None,
         ranks: s.ranks.max(1),
         rank_routing: RankRouting::PerRank,
         routers: s.routers,
@@ -403,6 +423,7 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
     }
 }
 
+pub mod models;
 pub mod ranks;
 #[cfg(test)]
 mod tests;

@@ -17,7 +17,8 @@
 //!   its first token comes soonest;
 //! * an engine of several DP ranks is that many schedulers, each publishing on its own; a request
 //!   without a rank goes through the engine's dispatcher ([`ranks`]). Everything per engine above
-//!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank.
+//!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank;
+//! * with several models, a request's candidates serve its model, its adapter priced ([`models`]).
 
 pub mod admission;
 mod cache;
@@ -25,6 +26,8 @@ mod clairvoyant;
 mod delivery;
 mod engine;
 mod events;
+mod finish;
+mod models;
 mod outcome;
 mod queues;
 mod ranks;
@@ -41,12 +44,12 @@ use engine::SimEngine;
 use events::{Ev, Item};
 use loadlink_engine::model::{Event, ModelConfig, Submit};
 use loadlink_engine::{IDLE_PUBLISH_FLOOR, PublishPoint};
+use loadlink_router::adapters::AdapterBookConfig;
 use loadlink_router::admission::{AdmissionConfig, Gate};
 use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
-use loadlink_wire::kv_events::page_hashes;
 use queues::QueueSamples;
 use ranks::{Dispatcher, Layout};
 use std::collections::BinaryHeap;
@@ -98,6 +101,13 @@ pub struct SimConfig {
     /// The routers' admission control (`loadlink route --max-… --admission …`); `None`: none, every
     /// routed request is forwarded ([`admission`]).
     pub admission: Option<AdmissionConfig>,
+    /// Per engine, the model it serves (empty: every engine serves every request) ([`models`]).
+    pub served: Vec<Arc<str>>,
+    /// The routers' adapter book (defaults for engines that advertise nothing; [`models`]).
+    pub adapter_book: AdapterBookConfig,
+    /// Every this many seconds each router reads every engine's loaded adapters (`None`: never;
+    /// the books run on their dispatch history) ([`models`]).
+    pub adapter_reports_s: Option<f64>,
 }
 
 struct Req {
@@ -107,6 +117,8 @@ struct Req {
     first: Option<f64>,
     done: Option<f64>,
     guard: Option<InflightGuard>,
+    /// The replica that routed it, its candidate, and when (ms).
+    routed: Option<(usize, Candidate, u64)>,
 }
 
 struct Sim<'a> {
@@ -120,12 +132,13 @@ struct Sim<'a> {
     /// Per engine: its dispatcher for requests that name no rank.
     dispatchers: Vec<Dispatcher>,
     books: Vec<Vec<Arc<Worker>>>,
-    /// The routers' candidates over a replica's book (empty: one per engine).
-    candidates: Vec<Candidate>,
+    /// Each request's candidates (the engines serving its model) and adapter prices.
+    models: models::ModelRouting,
     caches: Vec<RouterCache>,
     /// Scratch for one pick: per candidate, the request's cached tokens, the part of them on a
-    /// host tier only, and the cache's size.
+    /// host tier only, and the cache's size; and the adapter's price.
     scratch: (Vec<u64>, Vec<u64>, Vec<u64>),
+    adapter_costs: Vec<loadlink_router::adapters::AdapterCost>,
     reqs: Vec<Req>,
     out: Outcome,
     queues: QueueSamples,
@@ -234,17 +247,7 @@ impl Sim<'_> {
                 }
                 Ev::Poll { router, engine } if self.remaining > 0 => self.poll(router, engine, t),
                 Ev::Poll { .. } => {}
-                Ev::Sample => {
-                    let w: Vec<f64> = self
-                        .engines
-                        .iter()
-                        .map(|e| e.num_waiting() as f64)
-                        .collect();
-                    self.queues.sample(&w);
-                    if self.remaining > 0 {
-                        self.push(t + 1.0, Ev::Sample);
-                    }
-                }
+                Ev::Sample => self.sample(t),
                 Ev::AdmitPoll(r) => self.poll_admission(r, t),
             }
             if self.remaining == 0 {
@@ -260,6 +263,7 @@ impl Sim<'_> {
             match ev {
                 Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
                 Event::Finished { id, .. } => {
+                    self.adapter_done(id as usize, ms(t));
                     let r = &mut self.reqs[id as usize];
                     r.done = Some(t);
                     r.first.get_or_insert(t);
@@ -311,9 +315,13 @@ impl Sim<'_> {
 
     fn submit_of(&self, i: usize) -> Submit {
         let a = &self.arrivals[i];
-        match &a.prompt {
+        let s = match &a.prompt {
             Some(p) => Submit::tokens(i as u64, p.clone(), a.output_tokens),
             None => Submit::counted(i as u64, a.prompt_tokens, a.output_tokens),
+        };
+        match self.models.adapter(i) {
+            Some(ad) => s.with_adapter(ad),
+            None => s,
         }
     }
 
@@ -356,29 +364,26 @@ impl Sim<'_> {
             SimRouter::Policy(p) => p,
         };
         let r = i % self.cfg.routers;
-        // The chain the engine will match: full pages of all but the prompt's last token.
-        let page = self.cfg.engines.first().map_or(16, |m| m.page_size);
-        let chain = match (&submit.prompt, self.cfg.cache) {
-            (Some(p), CacheView::Approx | CacheView::Index) if !p.is_empty() => {
-                page_hashes(&p[..p.len() - 1], page)
+        let chain = cache::chain(submit, self.cfg, i);
+        let list = self.models.candidates(i);
+        if list.is_empty() {
+            if arrival {
+                self.reject(); // no engine serves its model
             }
-            // A prompt known only by its length is unique text: SGLang's tree still records it
-            // (its smallest-tree choice then balances the text sent), so the approximate tree
-            // records a chain no other request shares.
-            (None, CacheView::Approx) => (0..submit.prompt_tokens / page as u64)
-                .map(|k| mix(i as u64 ^ (k << 40) ^ 0x5e55_1011) as i64)
-                .collect(),
-            _ => Vec::new(),
-        };
+            return None;
+        }
         let (mut cached, mut host, mut sizes) = std::mem::take(&mut self.scratch);
-        let targets = Candidates::listed(&self.books[r], &self.candidates);
+        let targets = Candidates::listed(&self.books[r], list);
         let caches = &mut self.caches[r];
         caches.lookup(&chain, ms(t), targets, &mut cached, (&mut host, &mut sizes));
+        self.models
+            .fill_costs(r, i, targets, ms(t), &mut self.adapter_costs);
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
-            .with_candidates(&self.candidates)
+            .with_candidates(list)
             .with_prefix(submit.prompt_tokens, &cached)
             .with_host_cached(&host)
-            .with_cache_sizes(&sizes);
+            .with_cache_sizes(&sizes)
+            .with_adapter_costs(&self.adapter_costs);
         view.now_ms = ms(t);
         let cfg = self.cfg;
         let gate = cfg
@@ -416,6 +421,7 @@ impl Sim<'_> {
             let uncached = submit.prompt_tokens.saturating_sub(cached[p]);
             self.reqs[i].guard = Some(InflightGuard::to_target(w, c.rank, uncached));
             self.caches[r].dispatched(c, &chain, ms(t));
+            self.adapter_dispatched(r, i, c, ms(t));
             unit = Some(self.unit_for(c));
         }
         self.scratch = (cached, host, sizes);
@@ -445,7 +451,13 @@ pub fn simulate_with_queues(
         layout,
         engines: layout.schedulers(cfg),
         dispatchers: vec![Dispatcher::new(layout.ranks); layout.engines],
-        candidates: cfg.rank_routing.candidates(&books[0]),
+        models: models::ModelRouting::new(
+            arrivals,
+            (&cfg.served, &cfg.engines),
+            (&books[0], &cfg.rank_routing.candidates(&books[0])),
+            cfg.routers.max(1),
+            cfg.adapter_book,
+        ),
         books,
         caches: (0..cfg.routers.max(1))
             .map(|_| {
@@ -455,6 +467,7 @@ pub fn simulate_with_queues(
             })
             .collect(),
         scratch: Default::default(),
+        adapter_costs: Vec::new(),
         reqs: arrivals
             .iter()
             .map(|a| Req {
@@ -463,6 +476,7 @@ pub fn simulate_with_queues(
                 first: None,
                 done: None,
                 guard: None,
+                routed: None,
             })
             .collect(),
         out: Outcome::default(),
@@ -475,24 +489,5 @@ pub fn simulate_with_queues(
         latest: delivery::Latest::new(layout.units()),
     };
     sim.run();
-    let mut out = std::mem::take(&mut sim.out);
-    let mut floors = std::collections::HashMap::new();
-    for (i, r) in sim.reqs.iter().enumerate() {
-        if let (Some(f), Some(d)) = (r.first, r.done) {
-            out.ttft.push(f - r.arrived);
-            out.e2e.push(d - r.arrived);
-            let e = layout.engine_of(r.unit);
-            let prompt = arrivals[i].prompt_tokens;
-            let floor = *floors
-                .entry((e, prompt))
-                .or_insert_with(|| isolated_ttft(cfg.engines[e], prompt));
-            out.ttft_floor.push(floor);
-        }
-    }
-    out.completed = out.e2e.len();
-    let totals = sim.engines.iter().map(SimEngine::cache_totals);
-    out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
-    out.loaded_back_tokens = sim.engines.iter().map(SimEngine::loaded_back_tokens).sum();
-    let queues = sim.queues.finish(&mut out);
-    (out, queues)
+    sim.finish()
 }

@@ -2,13 +2,15 @@
 //! log-normal prompt and output lengths (or a JSONL trace), a streaming fraction and a fraction of
 //! traffic sent directly to engines, bypassing every router. Workloads whose prompts share
 //! prefixes (chat sessions, tenants' system prompts) are in `shapes` (parameters) and `prefix`
-//! (generation); what an engine's cache could reuse of them in `reuse`; JSONL traces in `trace`.
+//! (generation); the models and adapters requests name in `models`; what an engine's cache could reuse of them in `reuse`; JSONL traces in `trace`.
 
+mod models;
 mod prefix;
 mod reuse;
 mod shapes;
 mod trace;
 
+pub use models::{ModelShare, adapter_name, assign_models};
 pub use prefix::generate_mix;
 pub use reuse::{ReuseEstimate, blind_reuse};
 pub use shapes::{
@@ -82,6 +84,16 @@ pub struct Arrival {
     /// The prompt's token ids, for workloads with prefix reuse; `None`: every prompt is unique
     /// (only its length matters).
     pub prompt: Option<Arc<[u32]>>,
+    /// The model the request names, and the adapter of it; `None`: the fleet's one model.
+    pub model: Option<ModelRef>,
+}
+
+/// What a request of a many-model fleet names: a served model, and optionally one of its LoRA
+/// adapters (`None`: the base model).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ModelRef {
+    pub model: Arc<str>,
+    pub adapter: Option<Arc<str>>,
 }
 
 impl Arrival {
@@ -175,6 +187,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<Arrival> {
             stream: rng.unit() < spec.stream_fraction,
             direct: rng.unit() < spec.direct_fraction,
             prompt: None,
+            model: None,
         });
     }
     out

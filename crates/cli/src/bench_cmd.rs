@@ -103,7 +103,10 @@ pub struct Common {
     /// direct traffic), s2 (S1 with the direct traffic pinned to one engine), s3 (S1 with prefix
     /// reuse: chat sessions and shared system prompts), s4 (S3 with one tenant sending half) or s5
     /// (S3's mix on 8 schedulers: 8 engines × 1 rank against 2 × 4 DP ranks, routed per rank and
-    /// whole; `bench sim` runs its own comparison, whatever --variants says).
+    /// whole; `bench sim` runs its own comparison, whatever --variants says); tiers (a host KV
+    /// tier, priced tier-aware or tier-blind) or models (3 models and 32 LoRA adapters of one of
+    /// them on 8 engines: min_ttft adapter-aware against adapter-blind); both run their own
+    /// comparison too.
     #[arg(long, default_value = "s1")]
     pub(crate) scenario: String,
     /// Workload seed (same seed, same workload).
@@ -200,6 +203,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
     }
     if s.name == "tiers" {
         return crate::bench_tiers::run(&s, seed, load, out);
+    }
+    if s.name == "models" {
+        return crate::bench_models::run(&s, seed, load, out);
     }
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);

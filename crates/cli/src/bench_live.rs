@@ -5,6 +5,7 @@
 use crate::bench_cmd::Common;
 use anyhow::Result;
 use clap::Args;
+use loadlink_bench::live::AdapterField;
 use loadlink_bench::live::{ExternalRouter, LiveVariant};
 use loadlink_bench::plot;
 use loadlink_bench::report::{json_text, row_json_with_samples, table};
@@ -39,6 +40,11 @@ pub struct LiveArgs {
     /// trace is the same (calibration counts schedulers), so 1 and R compare the same load.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
+    /// How a request of a many-model trace (`--scenario models`) names its LoRA adapter: colon
+    /// (`model: "base:adapter"`, SGLang), name (`model: "adapter"`, vLLM) or lora-path
+    /// (`model: "base"` and `lora_path: "adapter"`).
+    #[arg(long, default_value = "colon", value_parser = AdapterField::parse)]
+    adapter_field: AdapterField,
 }
 
 pub fn run(a: LiveArgs) -> Result<()> {
@@ -63,6 +69,7 @@ pub fn run(a: LiveArgs) -> Result<()> {
         time_scale: a.time_scale,
         duration_s: a.duration,
         variants: live_variants(&a),
+        adapter_field: a.adapter_field,
     };
     println!(
         "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",

@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod bench_live;
+mod bench_models;
 mod bench_overload;
 mod bench_ranks;
 mod bench_tiers;

@@ -4,6 +4,7 @@
 //! candidate `i`. Built per request from the fleet's lists; kept apart from [`crate::fleet`], which
 //! owns membership and subscriptions, because policies and admission read this and nothing else.
 
+use crate::adapters::AdapterCost;
 use crate::book::{LoadSignal, Pricing, Worker};
 use crate::candidate::{Candidate, Candidates};
 use crate::policy::View;
@@ -31,6 +32,9 @@ pub struct FleetView<'a> {
     pub host_cached: &'a [u64],
     /// Per candidate, the tokens the router believes cached there in all; empty: unknown.
     pub cache_sizes: &'a [u64],
+    /// Per candidate, what the request's LoRA adapter costs there: a load, the reload of what it
+    /// evicts, a wait for a slot ([`crate::adapters::AdapterBook::fill_costs`]); empty: no adapter.
+    pub adapter_costs: &'a [AdapterCost],
 }
 
 impl<'a> FleetView<'a> {
@@ -48,6 +52,7 @@ impl<'a> FleetView<'a> {
             cached: &[],
             host_cached: &[],
             cache_sizes: &[],
+            adapter_costs: &[],
         }
     }
 
@@ -111,6 +116,12 @@ impl<'a> FleetView<'a> {
         self
     }
 
+    /// The view with what the request's adapter costs on each candidate (same order).
+    pub fn with_adapter_costs(mut self, adapter_costs: &'a [AdapterCost]) -> Self {
+        self.adapter_costs = adapter_costs;
+        self
+    }
+
     /// Candidate `i`'s pricing inputs at this view's `now`.
     #[inline]
     fn pricing(&self, i: usize) -> Pricing {
@@ -163,6 +174,13 @@ impl View for FleetView<'_> {
     #[inline]
     fn host_cached_tokens(&self, i: usize) -> u64 {
         self.host_cached.get(i).copied().unwrap_or(0)
+    }
+    #[inline]
+    fn adapter_cost(&self, i: usize) -> AdapterCost {
+        self.adapter_costs
+            .get(i)
+            .copied()
+            .unwrap_or(AdapterCost::RESIDENT)
     }
     fn host_load_s_per_token(&self, i: usize) -> Option<f64> {
         match self.worker(i).host_load_tokens_per_s.load(Relaxed) {

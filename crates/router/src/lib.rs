@@ -14,6 +14,7 @@
 //! (`/workers`), [`dashboard`], and [`server`], which wires routes and runs the process, drain
 //! included. [`fdlimit`] and [`zctx`] size descriptor and libzmq limits. See `docs/router.md`.
 
+pub mod adapters;
 pub mod admin;
 pub mod admission;
 pub mod book;

@@ -6,7 +6,12 @@
 //! every variant puts the same tokens in the same caches. Routers that only accept OpenAI's
 //! completions schema (sglang-router requires `model`, and a `prompt` that is text) get those too
 //! when the run has an external variant: `model` is the engines' served name, and `prompt` writes
-//! each token id as 4 base-36 digits. That text has the trace's prefix structure exactly (a shared
+//! each token id as 4 base-36 digits.
+//!
+//! A request of a many-model trace (`bench live --scenario models`) names its own model, and its
+//! LoRA adapter as [`AdapterField`] says: `model: "base:adapter"` (SGLang), `model: "adapter"`
+//! (vLLM) or `model: "base"` with `lora_path: "adapter"` (SGLang's body field). So one trace can
+//! be sent through loadlink and through another router that knows one spelling. That text has the trace's prefix structure exactly (a shared
 //! token prefix is a shared character prefix, 4 characters per token, the engine tokenizer's own
 //! rate), so a text-based prefix tree such as sglang-router's `cache_aware` sees the reuse that is
 //! there. The engine ignores `prompt` when `input_ids` is present.
@@ -46,12 +51,54 @@ pub(super) fn ids_text(ids: &[u32]) -> String {
     s
 }
 
-/// The body for arrival `i`; with `openai_model`, also `model` and a text `prompt` (module docs).
-pub(super) fn body(a: &Arrival, i: usize, openai_model: Option<&str>) -> serde_json::Value {
+/// How a request names its LoRA adapter (`bench live --adapter-field`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AdapterField {
+    /// `model: "base:adapter"` (SGLang).
+    #[default]
+    Colon,
+    /// `model: "adapter"` (vLLM).
+    Name,
+    /// `model: "base"`, `lora_path: "adapter"` (SGLang's body field).
+    LoraPath,
+}
+
+impl AdapterField {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "colon" => Ok(AdapterField::Colon),
+            "name" => Ok(AdapterField::Name),
+            "lora-path" => Ok(AdapterField::LoraPath),
+            o => Err(format!(
+                "--adapter-field {o:?}: expected colon, name or lora-path"
+            )),
+        }
+    }
+}
+
+/// The body for arrival `i`: its own `model` (and adapter, as `field` says) when the trace names
+/// one; else, with `openai_model`, that; with `openai_model`, also a text `prompt` (module docs).
+pub(super) fn body(
+    a: &Arrival,
+    i: usize,
+    (openai_model, field): (Option<&str>, AdapterField),
+) -> serde_json::Value {
     let ids = a.prompt_ids(i);
     let mut b = serde_json::json!({ "max_tokens": a.output_tokens, "stream": true });
-    if let Some(model) = openai_model {
-        b["model"] = model.into();
+    match (&a.model, openai_model) {
+        (Some(m), _) => match (&m.adapter, field) {
+            (None, _) => b["model"] = m.model.as_ref().into(),
+            (Some(ad), AdapterField::Colon) => b["model"] = format!("{}:{ad}", m.model).into(),
+            (Some(ad), AdapterField::Name) => b["model"] = ad.as_ref().into(),
+            (Some(ad), AdapterField::LoraPath) => {
+                b["model"] = m.model.as_ref().into();
+                b["lora_path"] = ad.as_ref().into();
+            }
+        },
+        (None, Some(model)) => b["model"] = model.into(),
+        (None, None) => {}
+    }
+    if openai_model.is_some() {
         b["prompt"] = ids_text(&ids).into();
     }
     b["input_ids"] = ids.into();
@@ -102,7 +149,8 @@ pub(super) async fn drive(
         let floor = *floors
             .entry(a.prompt_tokens)
             .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
-        let sent = send_one(client.clone(), at, url, body(a, i, openai_model));
+        let named = (openai_model, cfg.adapter_field);
+        let sent = send_one(client.clone(), at, url, body(a, i, named));
         tasks.push(tokio::spawn(async move {
             sent.await.map(|(ttft, e2e)| (ttft * k, e2e * k, floor))
         }));
@@ -143,14 +191,51 @@ mod tests {
             stream: true,
             direct: false,
             prompt: Some(vec![17u32, 18].into()),
+            model: None,
         };
-        let plain = body(&a, 0, None);
+        let plain = body(&a, 0, (None, AdapterField::Colon));
         assert_eq!(plain["input_ids"], serde_json::json!([17, 18]));
         assert!(plain.get("model").is_none() && plain.get("prompt").is_none());
-        let openai = body(&a, 0, Some("m"));
+        let openai = body(&a, 0, (Some("m"), AdapterField::Colon));
         assert_eq!(openai["input_ids"], plain["input_ids"]);
         assert_eq!(openai["model"], "m");
         assert_eq!(openai["prompt"], "000h000i");
         assert_eq!(openai["max_tokens"], 3);
+    }
+
+    #[test]
+    fn a_named_model_and_adapter_are_spelled_as_asked() {
+        let mut a = Arrival {
+            t: 0.0,
+            prompt_tokens: 1,
+            output_tokens: 1,
+            stream: true,
+            direct: false,
+            prompt: Some(vec![17u32].into()),
+            model: Some(crate::workload::ModelRef {
+                model: "base".into(),
+                adapter: Some("tenant-03".into()),
+            }),
+        };
+        let b = |f, openai| body(&a, 0, (openai, f));
+        assert_eq!(b(AdapterField::Colon, None)["model"], "base:tenant-03");
+        assert_eq!(b(AdapterField::Name, Some("x"))["model"], "tenant-03");
+        let lp = b(AdapterField::LoraPath, None);
+        assert_eq!(
+            (&lp["model"], &lp["lora_path"]),
+            (&"base".into(), &"tenant-03".into())
+        );
+        assert!(b(AdapterField::Colon, None).get("prompt").is_none());
+        assert!(b(AdapterField::Colon, Some("x")).get("prompt").is_some());
+        a.model.as_mut().unwrap().adapter = None;
+        assert_eq!(
+            body(&a, 0, (Some("x"), AdapterField::Name))["model"],
+            "base"
+        );
+        assert!(
+            AdapterField::parse("y")
+                .unwrap_err()
+                .contains("colon, name or lora-path")
+        );
     }
 }

@@ -9,9 +9,11 @@
 //! `min_ttft` prices at its load-back time.
 
 use super::ranks::Layout;
+use loadlink_engine::model::Submit;
 use loadlink_router::cache::{ApproxTree, KvIndex, Slot, TierMatch};
 use loadlink_router::candidate::{Candidate, Candidates};
-use loadlink_wire::kv_events::KvEvent;
+use loadlink_router::policy::mix;
+use loadlink_wire::kv_events::{KvEvent, page_hashes};
 
 /// Where a router variant's cached-prefix numbers come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -168,6 +170,24 @@ impl RouterCache {
             host[i] = u64::from(off) * self.page_size;
             sizes[i] = blocks * self.page_size;
         }
+    }
+}
+
+/// The chain a request's prompt is looked up and recorded by: full pages of all but the prompt's
+/// last token (what the engine will match).
+pub(super) fn chain(submit: &Submit, cfg: &super::SimConfig, i: usize) -> Vec<i64> {
+    let page = cfg.engines.first().map_or(16, |m| m.page_size);
+    match (&submit.prompt, cfg.cache) {
+        (Some(p), CacheView::Approx | CacheView::Index) if !p.is_empty() => {
+            page_hashes(&p[..p.len() - 1], page)
+        }
+        // A prompt known only by its length is unique text: SGLang's tree still records it (its
+        // smallest-tree choice then balances the text sent), so the approximate tree records a
+        // chain no other request shares.
+        (None, CacheView::Approx) => (0..submit.prompt_tokens / page as u64)
+            .map(|k| mix(i as u64 ^ (k << 40) ^ 0x5e55_1011) as i64)
+            .collect(),
+        _ => Vec::new(),
     }
 }
 

@@ -90,6 +90,16 @@ impl SimEngine {
             .loaded_back_tokens
     }
 
+    /// Lifetime LoRA adapter loads (0 without adapters).
+    pub(crate) fn adapter_loads(&self) -> u64 {
+        self.publisher.source().sched.adapter_loads()
+    }
+
+    /// The adapters loaded now, least recently used first.
+    pub(crate) fn resident_adapters(&self) -> Vec<u32> {
+        self.publisher.source().sched.resident_adapters()
+    }
+
     /// The KV events of the engine's cache since the last call, in order.
     pub(crate) fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.sched().take_kv_events()

@@ -41,6 +41,10 @@ pub struct Outcome {
     pub cache_tokens: Option<(u64, u64)>,
     /// Of the cached tokens, those loaded back from engines' host tiers (0 without one).
     pub loaded_back_tokens: u64,
+    /// LoRA adapter loads summed over the fleet's engines (0 without adapters).
+    pub adapter_loads: u64,
+    /// Completed requests that named an adapter.
+    pub adapter_requests: u64,
 }
 
 impl Outcome {
@@ -51,6 +55,12 @@ impl Outcome {
             .zip(&self.ttft_floor)
             .map(|(t, f)| (t - f).max(0.0))
             .collect()
+    }
+
+    /// Adapter loads per 1,000 completed requests; `None` when no request named an adapter.
+    pub fn adapter_loads_per_1k(&self) -> Option<f64> {
+        (self.adapter_requests > 0)
+            .then(|| self.adapter_loads as f64 * 1000.0 / self.completed.max(1) as f64)
     }
 
     /// Hit rate per tier, over the fleet's prompt tokens: (device, host); `None` when unknown.

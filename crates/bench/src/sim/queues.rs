@@ -2,6 +2,23 @@
 //! variation, and runs of one engine's queue above twice the fleet's mean).
 
 use super::outcome::{HOT_QUEUE_MIN, Outcome, QueueStats};
+use super::{Ev, Sim};
+
+impl Sim<'_> {
+    /// The 1 s sample at `t`: the engines' queues, and the routers' adapter reports when due.
+    pub(super) fn sample(&mut self, t: f64) {
+        let w: Vec<f64> = self
+            .engines
+            .iter()
+            .map(|e| e.num_waiting() as f64)
+            .collect();
+        self.queues.sample(&w);
+        self.report_adapters(t);
+        if self.remaining > 0 {
+            self.push(t + 1.0, Ev::Sample);
+        }
+    }
+}
 
 /// The 1 s samples of the engines' waiting queues.
 #[derive(Default)]

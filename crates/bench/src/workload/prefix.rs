@@ -103,6 +103,7 @@ impl<'a> Gen<'a> {
             stream: self.rng.unit() < tr.stream_fraction,
             direct: self.rng.unit() < tr.direct_fraction,
             prompt: Some(prompt.into()),
+            model: None,
         });
     }
 

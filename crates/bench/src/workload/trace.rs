@@ -5,9 +5,10 @@
 //! and `"direct"` booleans, and optionally the prompt itself, as one of `"input_ids"` (token ids),
 //! `"text"` (the engine's tokenizer) or `"messages"` (`[{"role", "content"}…]`, the engine's chat
 //! template). With a prompt, `prompt_tokens` may be left out (it is the prompt's length); given, it
-//! must match.
+//! must match. A request of a many-model fleet names its `"model"` (a served model's name) and
+//! optionally its `"adapter"` (a LoRA adapter of that model).
 
-use super::Arrival;
+use super::{Arrival, ModelRef};
 use loadlink_engine::tokenize::{VOCAB, render_chat, tokenize};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -61,7 +62,22 @@ fn read_line(line: &str) -> Result<Arrival, String> {
         stream: flag("stream", true),
         direct: flag("direct", false),
         prompt,
+        model: read_model(&v)?,
     })
+}
+
+/// The request's `model` and `adapter` (an adapter needs its model).
+fn read_model(v: &Value) -> Result<Option<ModelRef>, String> {
+    let text = |k: &str| match v.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(Arc::<str>::from(s.as_str()))),
+        Some(_) => Err(format!("{k}: expected a non-empty string")),
+    };
+    match (text("model")?, text("adapter")?) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err("adapter: given without its model".into()),
+        (Some(model), adapter) => Ok(Some(ModelRef { model, adapter })),
+    }
 }
 
 /// The prompt's ids from `input_ids`, `text` or `messages` (at most one of them).
@@ -123,6 +139,12 @@ pub fn write_trace(arrivals: &[Arrival], out: &mut impl std::io::Write) -> std::
         if let Some(p) = &a.prompt {
             line["input_ids"] = json!(p.as_ref());
         }
+        if let Some(m) = &a.model {
+            line["model"] = json!(m.model.as_ref());
+            if let Some(ad) = &m.adapter {
+                line["adapter"] = json!(ad.as_ref());
+            }
+        }
         writeln!(out, "{line}")?;
     }
     Ok(())
@@ -174,6 +196,14 @@ mod tests {
                 .contains("messages")
         );
         assert!(err(r#"{"t": 0, "output_tokens": 1, "input_ids": []}"#).contains("empty"));
+        assert!(
+            err(r#"{"t": 0, "output_tokens": 1, "prompt_tokens": 1, "adapter": "a"}"#)
+                .contains("adapter: given without its model")
+        );
+        assert!(
+            err(r#"{"t": 0, "output_tokens": 1, "prompt_tokens": 1, "model": 3}"#)
+                .contains("model: expected a non-empty string")
+        );
     }
 
     #[test]
@@ -186,6 +216,7 @@ mod tests {
                 stream: true,
                 direct: true,
                 prompt: Some(vec![OUTPUT_TOKEN, 17, 99].into()),
+                model: None,
             },
             Arrival {
                 t: 1.5,
@@ -194,6 +225,10 @@ mod tests {
                 stream: false,
                 direct: false,
                 prompt: None,
+                model: Some(ModelRef {
+                    model: "base".into(),
+                    adapter: Some("tenant-3".into()),
+                }),
             },
         ];
         let mut text = Vec::new();

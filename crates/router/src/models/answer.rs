@@ -61,6 +61,19 @@ pub fn resolve(
                 "model_not_found",
             ))
         }
+        Err(Unresolved::Ambiguous(name, bases)) => {
+            st.fleet.models.no_default.fetch_add(1, Relaxed);
+            let message = format!(
+                "model: the adapter `{name}` is served under several models ({}); name it with its model, as `{}:{name}`",
+                bases.join(", "),
+                bases[0]
+            );
+            Err(openai_error(
+                StatusCode::BAD_REQUEST,
+                &message,
+                "model_ambiguous",
+            ))
+        }
         Err(Unresolved::NoDefault(names)) => {
             st.fleet.models.no_default.fetch_add(1, Relaxed);
             let message = format!(
@@ -81,7 +94,10 @@ pub fn namespace(roster: &Roster, asked: &Asked, r: &Resolved) -> Namespace {
     Namespace {
         extra_key: asked.extra_key.clone(),
         cache_salt: asked.cache_salt.clone().filter(|s| !s.is_empty()),
-        lora: r.adapter.as_deref().map(|a| roster.models.lora(a)),
+        lora: r
+            .adapter
+            .as_deref()
+            .map(|a| roster.models.lora(r.model.as_deref(), a)),
     }
 }
 

@@ -40,7 +40,7 @@ pub fn write(e: &mut Exposition, st: &AppState) {
         ),
         (
             "loadlink_model_required_total",
-            "Requests answered 400: no model named, several served, no --default-model",
+            "Requests answered 400: no model named among several (no --default-model), or an adapter name several models have",
             m.no_default.load(Relaxed),
         ),
         (

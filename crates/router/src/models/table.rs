@@ -66,6 +66,8 @@ pub enum Unresolved {
     NotFound(String),
     /// No model was named and the fleet serves several (their names).
     NoDefault(Vec<String>),
+    /// An adapter named alone (vLLM's form) that several base models have (the name, the bases).
+    Ambiguous(String, Vec<String>),
 }
 
 /// See the module docs.
@@ -82,8 +84,11 @@ pub struct ModelTable {
     /// Primary names in first-seen order, with their worker sets and counters.
     models: Vec<(Arc<str>, SetId, Arc<ModelStats>)>,
     workers: usize,
-    /// Each adapter's namespace (the first worker's that names it with an id or path).
-    loras: HashMap<Arc<str>, LoraRef>,
+    /// Each adapter's namespace by base model (the first worker's that names it with an id or
+    /// path).
+    loras: HashMap<Arc<str>, HashMap<Arc<str>, LoraRef>>,
+    /// The base models (primary names) of each adapter name.
+    adapter_bases: HashMap<Arc<str>, Vec<Arc<str>>>,
 }
 
 impl ModelTable {
@@ -132,7 +137,12 @@ impl ModelTable {
                     .or_insert((Vec::new(), primary.clone()));
                 e.0.push(i as u32);
                 if let Some(l) = &a.lora {
-                    t.loras.entry(a.name.clone()).or_insert_with(|| l.clone());
+                    let of_base = t.loras.entry(primary.clone()).or_default();
+                    of_base.entry(a.name.clone()).or_insert_with(|| l.clone());
+                }
+                let bases = t.adapter_bases.entry(a.name.clone()).or_default();
+                if !bases.contains(&primary) {
+                    bases.push(primary.clone());
                 }
             }
         }
@@ -177,8 +187,9 @@ impl ModelTable {
 
     /// The namespace of the adapter `name`, as its workers' engines hash it; one no worker names
     /// gets a namespace of the router's own (its cache is kept apart and matches no engine's).
-    pub fn lora(&self, name: &str) -> LoraRef {
-        self.loras.get(name).cloned().unwrap_or_else(|| LoraRef {
+    pub fn lora(&self, model: Option<&str>, name: &str) -> LoraRef {
+        let known = model.and_then(|m| self.loras.get(m)?.get(name));
+        known.cloned().unwrap_or_else(|| LoraRef {
             name: name.to_string(),
             id: format!("loadlink-router-unnamed-adapter:{name}"),
         })
@@ -274,6 +285,12 @@ impl ModelTable {
             };
         }
         if let Some(e) = self.by_adapter.get(name) {
+            // Two models' adapters of one name are different adapters: the bare name cannot say
+            // which, and serving it by both would mix them.
+            if let Some(bases) = self.adapter_bases.get(name).filter(|b| b.len() > 1) {
+                let bases = bases.iter().map(|b| b.to_string()).collect();
+                return Err(Unresolved::Ambiguous(name.to_string(), bases));
+            }
             return Ok(found(e, Some(Arc::from(name))));
         }
         match self.unnamed {

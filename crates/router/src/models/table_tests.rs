@@ -99,8 +99,18 @@ fn adapters_are_reached_as_sglang_and_vllm_name_them() {
         t.resolve(Some("base:zz"), None, None),
         Err(Unresolved::NotFound(_))
     ));
-    assert_eq!(t.lora("a1"), LoraRef::from_path("a1", "/l/a1"));
-    assert_ne!(t.lora("zz").id, LoraRef::from_path("zz", "zz").id);
+    assert_eq!(
+        t.lora(Some("base"), "a1"),
+        LoraRef::from_path("a1", "/l/a1")
+    );
+    assert_ne!(
+        t.lora(Some("base"), "zz").id,
+        LoraRef::from_path("zz", "zz").id
+    );
+    assert_ne!(
+        t.lora(Some("nope"), "a1").id,
+        LoraRef::from_path("a1", "/l/a1").id
+    );
 }
 
 #[test]
@@ -113,4 +123,23 @@ fn workers_that_name_nothing_take_only_what_nobody_names() {
     let colon = fleet(&[Some(json!({"served_model_name": "s3://b/m"}))]).1;
     let r = colon.resolve(Some("s3://b/m"), None, None).unwrap();
     assert_eq!(r.adapter, None, "a served name with colons is a name");
+}
+
+#[test]
+fn one_adapter_name_under_two_models_is_never_mixed() {
+    let (ws, t) = fleet(&[
+        Some(json!({"served_model_name": "m1", "lora_paths": ["sql=/m1/sql"]})),
+        Some(json!({"served_model_name": "m2", "lora_paths": ["sql=/m2/sql"]})),
+    ]);
+    let r = t.resolve(Some("m2:sql"), None, None).unwrap();
+    assert_eq!(to(&t, &ws, &r), [1]);
+    assert_eq!(
+        t.lora(r.model.as_deref(), "sql"),
+        LoraRef::from_path("sql", "/m2/sql")
+    );
+    let e = t.resolve(Some("sql"), None, None).unwrap_err();
+    assert_eq!(
+        e,
+        Unresolved::Ambiguous("sql".into(), vec!["m1".into(), "m2".into()])
+    );
 }

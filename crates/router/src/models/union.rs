@@ -39,8 +39,9 @@ fn listed(st: &AppState) -> Vec<Value> {
         };
         let Some(primary) = s.primary() else { continue };
         let entry_of = |id: &str| s.entries.iter().find(|e| e["id"] == id).cloned();
-        let mut add = |id: &str, fallback: Value| {
-            let i = *at.entry(id.to_string()).or_insert_with(|| {
+        // Adapters are keyed by their base too: two models' adapters of one name are two entries.
+        let mut add = |id: &str, key: String, fallback: Value| {
+            let i = *at.entry(key).or_insert_with(|| {
                 let mut e = entry_of(id).unwrap_or(fallback);
                 if let Some(m) = e.as_object_mut() {
                     m.insert("workers".into(), json!([]));
@@ -52,9 +53,14 @@ fn listed(st: &AppState) -> Vec<Value> {
                 ws.push(json!(w.url));
             }
         };
-        add(primary, model(primary, None, None));
+        add(primary, primary.to_string(), model(primary, None, None));
         for a in &s.adapters {
-            add(&a.name, model(&a.name, Some(primary), a.path.as_deref()));
+            let key = format!("{primary}\0{}", a.name);
+            add(
+                &a.name,
+                key,
+                model(&a.name, Some(primary), a.path.as_deref()),
+            );
         }
     }
     out

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! ttft(i) = (queued(i) + uncached(i) + per_request_tokens · requests(i)) · s_per_token(i)
-//!           + host_load(i) + kv_penalty(i)
+//!           + host_load(i) + adapter(i) + kv_penalty(i)
 //! ```
 //! * `queued(i)`: the engine-reported prefill backlog plus the tokens this router dispatched there
 //!   since the snapshot (both from the book, [`View::queued_prefill_s`]);
@@ -14,6 +14,13 @@
 //!   `host_load_tokens_per_s`), and never priced above recomputing it. So a host-tier hit ranks
 //!   between a device hit and a miss. `blind` prices it as a device hit (free), as routers do
 //!   today; SGLang #39108 is what that costs once sessions outlive their device pages;
+//! * `adapter(i)` (with `--adapter-pricing aware`, the default): for a request naming a LoRA
+//!   adapter, 0 where the router believes it resident; else the worker's adapter load time plus
+//!   the expected reload of the adapter the load evicts ([`crate::adapters`]), times the requests
+//!   the load delays (this one and `requests(i)`: the engine pauses its batch for a load), plus
+//!   the wait for a slot when every resident adapter is in use. So at equal load a request goes
+//!   where its adapter is, and stops going there once that worker's queue costs more than a load
+//!   elsewhere. `blind` leaves the term out, as routers do today;
 //! * `requests(i)`: queued and running requests; each costs decode steps interleaved with the
 //!   prefill (the backlog signal's per-request weight);
 //! * `s_per_token(i)`: that engine's measured prefill speed, so a slow engine is priced as slow;
@@ -76,6 +83,33 @@ impl TierPricing {
     }
 }
 
+/// Whether `min_ttft` prices LoRA adapter loads (`--adapter-pricing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AdapterPricing {
+    /// A load (and the reload its eviction causes) where the adapter is not resident.
+    #[default]
+    Aware,
+    /// Adapters are free everywhere (what routers that ignore them do).
+    Blind,
+}
+
+impl AdapterPricing {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "aware" => Ok(AdapterPricing::Aware),
+            "blind" => Ok(AdapterPricing::Blind),
+            o => Err(format!("--adapter-pricing {o:?}: expected aware or blind")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdapterPricing::Aware => "aware",
+            AdapterPricing::Blind => "blind",
+        }
+    }
+}
+
 /// `min_ttft`'s parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MinTtft {
@@ -93,6 +127,8 @@ pub struct MinTtft {
     pub tier_pricing: TierPricing,
     /// Load-back bandwidth of workers that do not advertise theirs, tokens per second.
     pub host_load_tokens_per_s: f64,
+    /// How a LoRA adapter's load is priced.
+    pub adapter_pricing: AdapterPricing,
 }
 
 impl Default for MinTtft {
@@ -105,6 +141,7 @@ impl Default for MinTtft {
             tie_abs_s: 0.002,
             tier_pricing: TierPricing::Aware,
             host_load_tokens_per_s: DEFAULT_HOST_LOAD_TOKENS_PER_S,
+            adapter_pricing: AdapterPricing::Aware,
         }
     }
 }
@@ -136,7 +173,24 @@ impl MinTtft {
         } else {
             0.0
         };
-        queued_s + uncached as f64 * s_tok + host_load_s + kv_penalty
+        let adapter_s = match self.adapter_pricing {
+            AdapterPricing::Aware => self.adapter_s(view, i, &p),
+            AdapterPricing::Blind => 0.0,
+        };
+        queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty
+    }
+
+    /// The adapter term: the request's wait for a slot, plus the engine's load time for every
+    /// request on it (this one, and the running and waiting ones its batch pause delays: a load is
+    /// the whole engine's, not the request's alone); 0 on the common path without adapters.
+    #[inline]
+    fn adapter_s(&self, view: &impl View, i: usize, p: &super::Price) -> f64 {
+        let c = view.adapter_cost(i);
+        if c.resident {
+            return 0.0;
+        }
+        let others = p.engine_requests.unwrap_or(p.inflight).max(0) as f64;
+        c.load_s * (1.0 + others) + c.wait_s
     }
 
     /// Seconds to load back the host-tier part of candidate `i`'s `cached` tokens (0 when blind,

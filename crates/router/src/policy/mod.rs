@@ -12,7 +12,7 @@ pub mod cache_aware;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
-pub use min_ttft::{DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
+pub use min_ttft::{AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
@@ -44,6 +44,14 @@ pub trait View {
     /// its advertised load bandwidth); `None`: not advertised, the policy's default applies.
     fn host_load_s_per_token(&self, _i: usize) -> Option<f64> {
         None
+    }
+    /// What this request's LoRA adapter costs on worker `i` ([`crate::adapters`]): nothing when
+    /// it is resident or the request names none; else a load, the expected reload of the adapter
+    /// the load evicts, and a wait when every resident adapter is in use. Only `min_ttft`
+    /// (adapter-aware) reads it; `cache_aware` and the load-only policies place requests as if
+    /// adapters were free (adapter-blind).
+    fn adapter_cost(&self, _i: usize) -> crate::adapters::AdapterCost {
+        crate::adapters::AdapterCost::RESIDENT
     }
     /// Tokens the router believes worker `i` caches in all (the size of its tree or index slot):
     /// `cache_aware` sends a request without a good match to the worker with the least.
@@ -249,6 +257,8 @@ pub(crate) fn argmin_by<K: PartialOrd>(
     best.map(|(_, i)| i)
 }
 
+#[cfg(test)]
+mod adapter_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -1,0 +1,37 @@
+//! What a finished run measured: per request its TTFT, E2E and TTFT floor, and the fleet's cache
+//! and adapter totals (kept apart from the event loop in [`super`]).
+
+use super::engine::SimEngine;
+use super::{Outcome, QueueStats, Sim, isolated_ttft};
+
+impl Sim<'_> {
+    /// The run's outcome and queue figures.
+    pub(super) fn finish(mut self) -> (Outcome, QueueStats) {
+        let (cfg, arrivals, layout) = (self.cfg, self.arrivals, self.layout);
+        let sim = &mut self;
+        let mut out = std::mem::take(&mut sim.out);
+        let mut floors = std::collections::HashMap::new();
+        for (i, r) in sim.reqs.iter().enumerate() {
+            if let (Some(f), Some(d)) = (r.first, r.done) {
+                out.ttft.push(f - r.arrived);
+                out.e2e.push(d - r.arrived);
+                let e = layout.engine_of(r.unit);
+                let prompt = arrivals[i].prompt_tokens;
+                let floor = *floors
+                    .entry((e, prompt))
+                    .or_insert_with(|| isolated_ttft(cfg.engines[e], prompt));
+                out.ttft_floor.push(floor);
+            }
+        }
+        out.completed = out.e2e.len();
+        let totals = sim.engines.iter().map(SimEngine::cache_totals);
+        out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
+        out.loaded_back_tokens = sim.engines.iter().map(SimEngine::loaded_back_tokens).sum();
+        out.adapter_loads = sim.engines.iter().map(SimEngine::adapter_loads).sum();
+        out.adapter_requests = (0..arrivals.len())
+            .filter(|&i| sim.models.adapter(i).is_some() && sim.reqs[i].done.is_some())
+            .count() as u64;
+        let queues = sim.queues.finish(&mut out);
+        (out, queues)
+    }
+}
