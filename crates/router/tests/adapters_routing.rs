@@ -11,7 +11,7 @@ use loadlink_testkit::fleet_models::{Route, ask, body, listed_models, refused_wi
 use loadlink_testkit::served::{
     adapters, lora_loads, model_engine, model_requests, restart_on_same_port,
 };
-use loadlink_testkit::{router, wait_until};
+use loadlink_testkit::{get_json, router, wait_until};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
@@ -257,7 +257,6 @@ async fn an_engine_that_drops_an_adapter_is_re_registered_without_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "router bug, reported to the lead: one adapter name under two base models is merged into one entry"]
 async fn one_adapter_name_under_two_base_models_is_never_mixed() {
     // Two tenants' adapters share a name ("sql") but are different adapters of different models.
     let lora = LoraConfig {
@@ -287,32 +286,30 @@ async fn one_adapter_name_under_two_base_models_is_never_mixed() {
         .await,
         [0, n]
     );
-    // Each listed adapter's workers are engines of its parent, with that adapter's path.
-    let (_, page) = listed_models(&c, &r.url()).await;
-    for m in page["data"].as_array().expect("a data array") {
-        if m["id"] == "sql" {
-            let parent = m["parent"].as_str().expect("an adapter has a parent");
-            let own = if parent == "m1" { &urls[0] } else { &urls[1] };
-            assert_eq!(
-                m["workers"],
-                json!([own]),
-                "sql of {parent} listed on another model's engine: {page}"
-            );
-        }
+    // Listed once per model (id and parent), each on its own model's engine with its own path.
+    let page = get_json(&c, &format!("{}/v1/models", r.url())).await;
+    let sql: Vec<&Value> = page["data"]
+        .as_array()
+        .expect("a data array")
+        .iter()
+        .filter(|m| m["id"] == "sql")
+        .collect();
+    assert_eq!(sql.len(), 2, "{page}");
+    for (parent, own) in [("m1", &urls[0]), ("m2", &urls[1])] {
+        let m = sql.iter().find(|m| m["parent"] == parent);
+        let m = m.unwrap_or_else(|| panic!("no sql of {parent}: {page}"));
+        assert_eq!(m["workers"], json!([own]), "{page}");
+        assert_eq!(m["root"], format!("/adapters/{parent}-sql"), "{page}");
     }
-    // The bare name is ambiguous: never served by both models' engines (a refusal is fine).
+    // The bare name is ambiguous: refused naming both models, and served by neither.
     let before = totals(&c, &engines).await;
-    let mut answered = Vec::new();
-    for _ in 0..PER_PHASE {
-        let b = body(Route::Completions, Some("sql"), false);
-        answered.push(ask(&c, &r.url(), Route::Completions, &b).await.0);
-    }
-    let after = totals(&c, &engines).await;
-    let got: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    assert!(
-        got[0] == 0 || got[1] == 0,
-        "bare `sql` was served by m1's and m2's adapters: {got:?} {answered:?}"
-    );
+    let b = body(Route::Completions, Some("sql"), false);
+    let (status, text) = ask(&c, &r.url(), Route::Completions, &b).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let v = refused_with(&text, "model_ambiguous", "sql");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("m1") && message.contains("m2"), "{v}");
+    assert_eq!(totals(&c, &engines).await, before);
     r.stop().await;
     for e in engines {
         e.stop().await;

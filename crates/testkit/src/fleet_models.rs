@@ -113,7 +113,8 @@ pub async fn admin_remove(
 }
 
 /// The router's `/v1/models`: each listed id → its `workers` (sorted URLs), and the whole page.
-/// Panics when an id is listed twice: the router lists each model once, whoever serves it.
+/// Panics when an id is listed twice: for fleets whose names are all distinct (the router lists
+/// each model once, whoever serves it; only an adapter name under several models recurs).
 pub async fn listed_models(c: &Client, router_url: &str) -> (BTreeMap<String, Vec<String>>, Value) {
     let page = get_json(c, &format!("{router_url}/v1/models")).await;
     let mut listed = BTreeMap::new();
