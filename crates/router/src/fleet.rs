@@ -94,6 +94,8 @@ pub struct Fleet {
     cache: Arc<CacheBook>,
     /// What each worker serves ([`crate::models`]).
     pub models: crate::models::registry::Registry,
+    /// Which LoRA adapters each worker holds, as believed ([`crate::adapters`]).
+    pub adapters: Arc<crate::adapters::AdapterBook>,
     /// Refusals of every worker this fleet has held, by reason ([`crate::budget`]).
     pub refusals: Arc<crate::budget::RefusalCounts>,
     /// One load poller per polled worker, by URL ([`crate::poll`]).
@@ -119,6 +121,7 @@ impl Fleet {
         Fleet {
             cache,
             models: Default::default(),
+            adapters: Arc::default(),
             refusals: Arc::default(),
             roster: ArcSwap::from_pointee(Roster::default()),
             rank_field: RankField::default(),
@@ -140,6 +143,12 @@ impl Fleet {
     /// per wakeup, advertised hosts). Before the first worker is added.
     pub fn with_budgets(mut self, budgets: Budgets) -> Self {
         self.budgets = budgets;
+        self
+    }
+
+    /// The same fleet pricing adapters with `cfg`, before the first worker is added.
+    pub fn with_adapters(mut self, cfg: crate::adapters::AdapterBookConfig) -> Self {
+        self.adapters = Arc::new(crate::adapters::AdapterBook::new(cfg));
         self
     }
 
@@ -235,6 +244,9 @@ impl Fleet {
         let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
         let Some(worker) = self.find(url) else { return };
         refuse_models(&worker, &answer);
+        if let Ok(served) = &answer {
+            self.adapters.apply_served(url, served, worker.now_ms());
+        }
         if self.models.record(url, answer) {
             self.models
                 .changes
@@ -377,6 +389,10 @@ impl Fleet {
         };
         worker.refusals.attach(self.refusals.clone());
         refuse_models(&worker, &models);
+        self.adapters.forget(url);
+        if let Ok(served) = &models {
+            self.adapters.apply_served(url, served, worker.now_ms());
+        }
         worker.ranks.notify_claims(self.rank_epoch.clone());
         worker.set_host_load(d.kv.as_ref().ok().and_then(|k| k.host_load_tokens_per_s));
         let worker = Arc::new(worker);
@@ -507,6 +523,7 @@ impl Fleet {
             self.set_poller(url, None);
             self.cache.forget(url);
             self.models.forget(url);
+            self.adapters.forget(url);
             (old_worker, held)
         };
         let existed = old_worker.is_some();

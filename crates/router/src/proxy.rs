@@ -6,6 +6,7 @@
 //! jitter, only before any byte reached the client; they also feed the worker's circuit breaker.
 //! Upstream sockets use TCP_NODELAY and responses are passed through frame by frame (no buffering).
 
+use crate::adapters::AdapterTicket;
 use crate::admission;
 use crate::book::{InflightGuard, Source};
 use crate::budget::Refusal as BudgetRefusal;
@@ -37,6 +38,8 @@ use std::time::{Duration, Instant};
 pub struct GuardedBody {
     inner: hyper::body::Incoming,
     guard: Option<InflightGuard>,
+    /// The request's adapter on this worker, released with the guard.
+    ticket: Option<AdapterTicket>,
     sse: bool,
     finished: bool,
 }
@@ -56,6 +59,7 @@ impl HttpBody for GuardedBody {
         match r {
             Poll::Ready(None) => {
                 self.guard = None;
+                self.ticket = None;
                 self.finished = true;
             }
             Poll::Ready(Some(Err(e))) => {
@@ -63,6 +67,7 @@ impl HttpBody for GuardedBody {
                 if let Some(w) = self.guard.take().map(|g| g.worker().clone()) {
                     w.failures_total.fetch_add(1, Relaxed);
                 }
+                self.ticket = None;
                 self.finished = true;
                 if self.sse {
                     let msg = serde_json::json!({ "error": { "message": format!("the worker failed mid-stream: {e}"), "code": 502 } });
@@ -264,8 +269,18 @@ pub async fn forward(
         Ok(l) => l,
         Err(refused) => return refused,
     };
+    let mut adapter_costs = Vec::new();
     let mut view = FleetView::new(workers, cfg.load_signal, cfg.freshness_ms);
     view.targets = roster.targets_for(model.set, ranked);
+    let adapter = model
+        .adapter
+        .as_deref()
+        .and_then(|a| st.fleet.adapters.intern(a));
+    if let Some(id) = adapter {
+        let book = &st.fleet.adapters;
+        book.fill_costs(view.targets, id, view.now_ms, &mut adapter_costs);
+        view = view.with_adapter_costs(&adapter_costs);
+    }
     view.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
         view = view.with_lookup(l);
@@ -290,11 +305,13 @@ pub async fn forward(
         };
         let worker = view.worker(idx);
         let rank = view.targets.rank(idx);
+        let ticket = adapter
+            .map(|id| AdapterTicket::dispatched(&st.fleet.adapters, worker, rank, id, view.now_ms));
         if let Some(l) = &lookup {
             st.cache.record_dispatch(l, view.targets, idx, view.now_ms);
             worker.count_prefix_on(rank, l.prompt.prompt_tokens, l.cached[idx]);
         }
-        match try_worker(&st, guard, &out, started).await {
+        match try_worker(&st, (guard, ticket), &out, started).await {
             Attempt::Answered(resp) => return resp,
             Attempt::Failed(failure) => {
                 worker.failed(cfg.breaker_threshold, cfg.breaker_cooldown_ms);
@@ -434,7 +451,7 @@ fn pick(st: &AppState, view: &FleetView<'_>, attempt: u32) -> Option<(u64, usize
 /// One attempt on the guard's worker; the guard (counted at dispatch) rides on the answer.
 async fn try_worker(
     st: &AppState,
-    guard: InflightGuard,
+    (guard, ticket): (InflightGuard, Option<AdapterTicket>),
     out: &Outgoing,
     started: Instant,
 ) -> Attempt {
@@ -454,7 +471,7 @@ async fn try_worker(
             worker.succeeded();
             st.metrics.observe_ttfb(started.elapsed());
             st.metrics.count_status(resp.status().as_u16());
-            Attempt::Answered(pass_through(resp, guard))
+            Attempt::Answered(pass_through(resp, guard, ticket))
         }
         Ok(Ok(resp)) => Attempt::Failed(format!("{} answered {}", worker.url, resp.status())),
         Ok(Err(e)) => Attempt::Failed(format!("{}: {e}", worker.url)),
@@ -467,7 +484,11 @@ async fn try_worker(
 
 /// The client's response: the upstream status and content headers, and its body streamed through
 /// a [`GuardedBody`] that keeps `guard` until the body ends.
-fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGuard) -> Response {
+fn pass_through(
+    resp: hyper::Response<hyper::body::Incoming>,
+    guard: InflightGuard,
+    ticket: Option<AdapterTicket>,
+) -> Response {
     let (parts, incoming) = resp.into_parts();
     let sse = parts
         .headers
@@ -478,6 +499,7 @@ fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGua
     let mut out = Response::new(Body::new(GuardedBody {
         inner: incoming,
         guard: Some(guard),
+        ticket,
         sse,
         finished: false,
     }));
