@@ -29,6 +29,8 @@
 //!   test says, request by request (absurd ranks, huge bodies, stalls).
 //! * [`served`]: engines serving named models and LoRA adapters, their per-model request
 //!   counters, and a restart on the same port under other names.
+//! * [`fleet_models`]: a router's side of a fleet of models: requests for a model on any route
+//!   (read to their end), the admin API, and the router's `/v1/models` by model and worker.
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
@@ -36,6 +38,7 @@ pub mod background;
 pub mod counting_worker;
 pub mod drain;
 pub mod engine;
+pub mod fleet_models;
 pub mod hostile_http;
 pub mod hostile_pub;
 pub mod http;
