@@ -257,7 +257,6 @@ async fn an_engine_that_drops_an_adapter_is_re_registered_without_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "router bug, reported to the lead: one adapter name under two base models is merged into one entry"]
 async fn one_adapter_name_under_two_base_models_is_never_mixed() {
     // Two tenants' adapters share a name ("sql") but are different adapters of different models.
     let lora = LoraConfig {
