@@ -8,7 +8,7 @@ use loadlink_router::admission::{AdmissionConfig, Overload};
 use loadlink_router::cache::PrefixSource;
 use loadlink_router::candidate::RankField;
 use loadlink_router::config::{DEFAULT_ADMISSION_QUEUE_SIZE, DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS};
-use loadlink_router::policy::{CacheAware, MinTtft, Policy, TierPricing};
+use loadlink_router::policy::{AdapterPricing, CacheAware, MinTtft, Policy, TierPricing};
 use serde::{Deserialize, Serialize};
 
 fn prefix_source_name(s: &str) -> Result<String, String> {
@@ -17,6 +17,10 @@ fn prefix_source_name(s: &str) -> Result<String, String> {
 
 fn tier_pricing_name(s: &str) -> Result<String, String> {
     TierPricing::parse(s).map(|_| s.to_string())
+}
+
+fn adapter_pricing_name(s: &str) -> Result<String, String> {
+    AdapterPricing::parse(s).map(|_| s.to_string())
 }
 
 fn rank_field_name(s: &str) -> Result<String, String> {
@@ -76,6 +80,19 @@ pub struct CacheArgs {
     /// advertise its own.
     #[arg(long, default_value_t = MinTtft::default().host_load_tokens_per_s)]
     host_load_tokens_per_s: f64,
+    /// min_ttft: whether a LoRA adapter's residency is priced: aware (a worker without the
+    /// adapter loaded pays its load, the reload of what it evicts and the wait for a free slot)
+    /// or blind (adapters are free everywhere). See docs/router.md, "Adapters and the price".
+    #[arg(
+        long,
+        default_value_t = MinTtft::default().adapter_pricing.as_str().to_string(),
+        value_parser = adapter_pricing_name
+    )]
+    adapter_pricing: String,
+    /// Seconds an engine takes to load a LoRA adapter, for workers that do not advertise
+    /// lora_load_time_s in /server_info.
+    #[arg(long, default_value_t = loadlink_router::adapters::DEFAULT_ADAPTER_LOAD_S)]
+    adapter_load_s: f64,
 }
 
 #[derive(Args, Serialize, Deserialize)]
@@ -128,9 +145,18 @@ impl CacheArgs {
             "--host-load-tokens-per-s must be a positive number of tokens per second, got {}",
             self.host_load_tokens_per_s
         );
+        anyhow::ensure!(
+            self.adapter_load_s.is_finite() && self.adapter_load_s >= 0.0,
+            "--adapter-load-s must be seconds ≥ 0, got {}",
+            self.adapter_load_s
+        );
+        cfg.adapter_load_s = self.adapter_load_s;
+        let adapter_pricing =
+            AdapterPricing::parse(&self.adapter_pricing).map_err(anyhow::Error::msg)?;
         if let Policy::MinTtft(p) = &mut cfg.policy {
             p.tier_pricing = tier_pricing;
             p.host_load_tokens_per_s = self.host_load_tokens_per_s;
+            p.adapter_pricing = adapter_pricing;
         }
         Ok(())
     }

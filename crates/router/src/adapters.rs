@@ -39,6 +39,8 @@
 //! dispatch.
 
 mod hooks;
+mod ticket;
+pub use ticket::AdapterTicket;
 mod slot;
 
 use crate::candidate::Candidates;

@@ -71,6 +71,8 @@ pub struct RouterConfig {
     /// How often every worker's models are re-read (`--model-refresh-interval`); 0: only at
     /// discovery.
     pub model_refresh_ms: u64,
+    /// Seconds to load a LoRA adapter on a worker that does not advertise it (`--adapter-load-s`).
+    pub adapter_load_s: f64,
 }
 
 /// `--admission-queue-size` when not given.
@@ -133,6 +135,7 @@ impl Default for RouterConfig {
             drain_timeout: Duration::from_secs(30),
             default_model: None,
             model_refresh_ms: 30_000,
+            adapter_load_s: crate::adapters::DEFAULT_ADAPTER_LOAD_S,
         }
     }
 }

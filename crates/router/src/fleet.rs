@@ -26,21 +26,21 @@ use crate::budget::{Budgets, Refusal};
 use crate::cache::CacheBook;
 use crate::candidate::RankField;
 pub use crate::candidate::Roster;
-use crate::ingest::kv::KvSubscription;
 use crate::ingest::stats::IngestStats;
 use crate::ingest::{Ingest, Release, SubscriptionId};
-use crate::models::ServedModels;
-use crate::models::fetch::ModelsError;
 use crate::poll::PollConfig;
 use crate::subscribe::{SocketBounds, configure_with};
 use crate::zctx::FleetContext;
 use arc_swap::ArcSwap;
 use loadlink_wire::descriptor::LoadEndpoint;
-use loadlink_wire::discovery::KvStreams;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::task::AbortHandle;
+
+mod kv_streams;
+mod served;
+use served::refuse_models;
 
 pub use crate::discovery::{
     Discovery, FetchError, PROBE_TIMEOUT, discover, fetch_server_info, validate_url,
@@ -94,6 +94,8 @@ pub struct Fleet {
     cache: Arc<CacheBook>,
     /// What each worker serves ([`crate::models`]).
     pub models: crate::models::registry::Registry,
+    /// Which LoRA adapters each worker holds, as believed ([`crate::adapters`]).
+    pub adapters: Arc<crate::adapters::AdapterBook>,
     /// Refusals of every worker this fleet has held, by reason ([`crate::budget`]).
     pub refusals: Arc<crate::budget::RefusalCounts>,
     /// One load poller per polled worker, by URL ([`crate::poll`]).
@@ -119,6 +121,7 @@ impl Fleet {
         Fleet {
             cache,
             models: Default::default(),
+            adapters: Arc::default(),
             refusals: Arc::default(),
             roster: ArcSwap::from_pointee(Roster::default()),
             rank_field: RankField::default(),
@@ -140,6 +143,12 @@ impl Fleet {
     /// per wakeup, advertised hosts). Before the first worker is added.
     pub fn with_budgets(mut self, budgets: Budgets) -> Self {
         self.budgets = budgets;
+        self
+    }
+
+    /// The same fleet pricing adapters with `cfg`, before the first worker is added.
+    pub fn with_adapters(mut self, cfg: crate::adapters::AdapterBookConfig) -> Self {
+        self.adapters = Arc::new(crate::adapters::AdapterBook::new(cfg));
         self
     }
 
@@ -228,19 +237,6 @@ impl Fleet {
     fn rebuilt(&self, workers: Vec<Arc<Worker>>) -> Roster {
         let epoch = self.rank_epoch.load(std::sync::atomic::Ordering::Acquire);
         Roster::of(workers, self.rank_field, epoch, &self.models)
-    }
-
-    /// Records what `url` serves (a refresh's answer); a change rebuilds the roster.
-    pub fn set_models(&self, url: &str, answer: Result<ServedModels, ModelsError>) {
-        let _commit = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(worker) = self.find(url) else { return };
-        refuse_models(&worker, &answer);
-        if self.models.record(url, answer) {
-            self.models
-                .changes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.roster.rcu(|r| self.rebuilt(r.workers.to_vec()));
-        }
     }
 
     pub fn contains(&self, url: &str) -> bool {
@@ -377,6 +373,10 @@ impl Fleet {
         };
         worker.refusals.attach(self.refusals.clone());
         refuse_models(&worker, &models);
+        self.adapters.forget(url);
+        if let Ok(served) = &models {
+            self.adapters.apply_served(url, served, worker.now_ms());
+        }
         worker.ranks.notify_claims(self.rank_epoch.clone());
         worker.set_host_load(d.kv.as_ref().ok().and_then(|k| k.host_load_tokens_per_s));
         let worker = Arc::new(worker);
@@ -446,54 +446,6 @@ impl Fleet {
         }
     }
 
-    /// Slots and connected SUBs for `worker`'s KV streams, or `None` (with the reason recorded in
-    /// the cache book).
-    fn kv_subscription(
-        &self,
-        worker: &Arc<Worker>,
-        kv: Result<KvStreams, String>,
-    ) -> Option<KvSubscription> {
-        let opened = kv.and_then(|mut streams| {
-            self.choose_kv_host(worker, &mut streams);
-            let (_, ctx) = self
-                .ingest()
-                .map_err(|e| format!("cannot subscribe: {e}"))?;
-            let bounds = SocketBounds::kv(&self.budgets);
-            crate::ingest::kv::subscribe(&self.cache, ctx, worker, &streams, bounds)
-        });
-        match opened {
-            Ok(sub) => Some(sub),
-            Err(why) => {
-                tracing::debug!(worker = %worker.url, "no KV-event stream: {why}");
-                self.cache.no_stream(&worker.url, why);
-                None
-            }
-        }
-    }
-
-    /// Dials the worker URL's host for KV events unless the worker advertised another one that
-    /// the operator trusts (`Budgets::trust_advertised_hosts`) and that is routable; an advertised
-    /// host not dialled is counted as [`Refusal::UntrustedHost`] with both hosts named.
-    fn choose_kv_host(&self, worker: &Worker, streams: &mut KvStreams) {
-        let Some(advertised) = streams.advertised.as_ref().map(|a| a.host.clone()) else {
-            return;
-        };
-        if self.budgets.trust_advertised_hosts && streams.dial_advertised() {
-            tracing::info!(worker = %worker.url, "KV events: dialling the advertised host {advertised}");
-            return;
-        }
-        let why = if self.budgets.trust_advertised_hosts {
-            "it is not routable"
-        } else {
-            "advertised hosts are not trusted (--trust-advertised-hosts)"
-        };
-        worker.refusals.refuse(Refusal::UntrustedHost, || {
-            format!(
-                "KV events advertised on host {advertised:?} are read from the worker URL's host instead: {why}"
-            )
-        });
-    }
-
     /// Removes a worker; in-flight requests on it finish normally. Returns whether it existed.
     /// Waits (bounded) until its sockets are closed.
     pub fn remove(&self, url: &str) -> bool {
@@ -507,22 +459,12 @@ impl Fleet {
             self.set_poller(url, None);
             self.cache.forget(url);
             self.models.forget(url);
+            self.adapters.forget(url);
             (old_worker, held)
         };
         let existed = old_worker.is_some();
         self.release(old_worker, held);
         existed
-    }
-}
-
-/// Counts a refused model answer as `worker`'s refusal.
-fn refuse_models(worker: &Worker, answer: &Result<ServedModels, ModelsError>) {
-    if let Err(ModelsError {
-        refusal: Some(r),
-        reason,
-    }) = answer
-    {
-        worker.refusals.refuse(*r, || reason.clone());
     }
 }
 

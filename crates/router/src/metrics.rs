@@ -356,6 +356,7 @@ pub fn render(st: &AppState) -> String {
     );
     write_control(&mut e, st);
     crate::models::metrics::write(&mut e, st);
+    st.fleet.adapters.write_metrics(&mut e);
     e.finish()
 }
 

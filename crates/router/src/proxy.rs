@@ -6,6 +6,7 @@
 //! jitter, only before any byte reached the client; they also feed the worker's circuit breaker.
 //! Upstream sockets use TCP_NODELAY and responses are passed through frame by frame (no buffering).
 
+use crate::adapters::AdapterTicket;
 use crate::admission;
 use crate::book::{InflightGuard, Source};
 use crate::budget::Refusal as BudgetRefusal;
@@ -22,69 +23,14 @@ use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::Full;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-/// A response body that holds the request's in-flight guard until it ends or is dropped.
-///
-/// If the upstream dies mid-stream (worker killed), an SSE response ends with a clean error event
-/// and `data: [DONE]` instead of a cut connection, so clients can tell "failed" from "truncated".
-pub struct GuardedBody {
-    inner: hyper::body::Incoming,
-    guard: Option<InflightGuard>,
-    sse: bool,
-    finished: bool,
-}
-
-impl HttpBody for GuardedBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if self.finished {
-            return Poll::Ready(None);
-        }
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        match r {
-            Poll::Ready(None) => {
-                self.guard = None;
-                self.finished = true;
-            }
-            Poll::Ready(Some(Err(e))) => {
-                // Releasing the guard here (not at drop) keeps the in-flight count exact.
-                if let Some(w) = self.guard.take().map(|g| g.worker().clone()) {
-                    w.failures_total.fetch_add(1, Relaxed);
-                }
-                self.finished = true;
-                if self.sse {
-                    let msg = serde_json::json!({ "error": { "message": format!("the worker failed mid-stream: {e}"), "code": 502 } });
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
-                        "data: {msg}\n\ndata: [DONE]\n\n"
-                    ))))));
-                }
-                return Poll::Ready(Some(Err(e)));
-            }
-            _ => {}
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.finished || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+mod body;
+pub use body::GuardedBody;
+use body::pass_through;
 
 const FORWARDED_HEADERS: [header::HeaderName; 4] = [
     header::CONTENT_TYPE,
@@ -264,8 +210,18 @@ pub async fn forward(
         Ok(l) => l,
         Err(refused) => return refused,
     };
+    let mut adapter_costs = Vec::new();
     let mut view = FleetView::new(workers, cfg.load_signal, cfg.freshness_ms);
     view.targets = roster.targets_for(model.set, ranked);
+    let adapter = model
+        .adapter
+        .as_deref()
+        .and_then(|a| st.fleet.adapters.intern(a));
+    if let Some(id) = adapter {
+        let book = &st.fleet.adapters;
+        book.fill_costs(view.targets, id, view.now_ms, &mut adapter_costs);
+        view = view.with_adapter_costs(&adapter_costs);
+    }
     view.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
         view = view.with_lookup(l);
@@ -290,11 +246,13 @@ pub async fn forward(
         };
         let worker = view.worker(idx);
         let rank = view.targets.rank(idx);
+        let ticket = adapter
+            .map(|id| AdapterTicket::dispatched(&st.fleet.adapters, worker, rank, id, view.now_ms));
         if let Some(l) = &lookup {
             st.cache.record_dispatch(l, view.targets, idx, view.now_ms);
             worker.count_prefix_on(rank, l.prompt.prompt_tokens, l.cached[idx]);
         }
-        match try_worker(&st, guard, &out, started).await {
+        match try_worker(&st, (guard, ticket), &out, started).await {
             Attempt::Answered(resp) => return resp,
             Attempt::Failed(failure) => {
                 worker.failed(cfg.breaker_threshold, cfg.breaker_cooldown_ms);
@@ -434,7 +392,7 @@ fn pick(st: &AppState, view: &FleetView<'_>, attempt: u32) -> Option<(u64, usize
 /// One attempt on the guard's worker; the guard (counted at dispatch) rides on the answer.
 async fn try_worker(
     st: &AppState,
-    guard: InflightGuard,
+    (guard, ticket): (InflightGuard, Option<AdapterTicket>),
     out: &Outgoing,
     started: Instant,
 ) -> Attempt {
@@ -454,7 +412,7 @@ async fn try_worker(
             worker.succeeded();
             st.metrics.observe_ttfb(started.elapsed());
             st.metrics.count_status(resp.status().as_u16());
-            Attempt::Answered(pass_through(resp, guard))
+            Attempt::Answered(pass_through(resp, guard, ticket))
         }
         Ok(Ok(resp)) => Attempt::Failed(format!("{} answered {}", worker.url, resp.status())),
         Ok(Err(e)) => Attempt::Failed(format!("{}: {e}", worker.url)),
@@ -463,36 +421,4 @@ async fn try_worker(
             worker.url, st.cfg.upstream_timeout_ms
         )),
     }
-}
-
-/// The client's response: the upstream status and content headers, and its body streamed through
-/// a [`GuardedBody`] that keeps `guard` until the body ends.
-fn pass_through(resp: hyper::Response<hyper::body::Incoming>, guard: InflightGuard) -> Response {
-    let (parts, incoming) = resp.into_parts();
-    let sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let worker_url = HeaderValue::from_str(&guard.worker().url).ok();
-    let rank = guard.rank();
-    let mut out = Response::new(Body::new(GuardedBody {
-        inner: incoming,
-        guard: Some(guard),
-        sse,
-        finished: false,
-    }));
-    *out.status_mut() = parts.status;
-    for h in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
-        if let Some(v) = parts.headers.get(&h) {
-            out.headers_mut().insert(h, v.clone());
-        }
-    }
-    if let Some(v) = worker_url {
-        out.headers_mut().insert("x-loadlink-worker", v);
-    }
-    if let Some(r) = rank {
-        out.headers_mut()
-            .insert("x-loadlink-dp-rank", HeaderValue::from(r));
-    }
-    out
 }

@@ -58,7 +58,11 @@ impl AppState {
             fleet: Fleet::with_cache(cfg.ingest_threads, cache.clone())
                 .with_budgets(cfg.budgets.clone())
                 .with_polling(cfg.poll_config())
-                .with_rank_field(cfg.dp_rank_field),
+                .with_rank_field(cfg.dp_rank_field)
+                .with_adapters(crate::adapters::AdapterBookConfig {
+                    default_load_s: cfg.adapter_load_s,
+                    ..Default::default()
+                }),
             cache,
             cfg,
             client: crate::fleet::http_client(),

@@ -112,14 +112,23 @@ pub async fn admin_remove(
         .status()
 }
 
-/// The router's `/v1/models`: each listed id → its `workers` (sorted URLs), and the whole page.
-/// Panics when an id is listed twice: for fleets whose names are all distinct (the router lists
-/// each model once, whoever serves it; only an adapter name under several models recurs).
+/// The router's `/v1/models`: each listed id → its `workers` (sorted URLs), and the whole page. An
+/// adapter whose name another model's adapter has too is keyed `parent:id` after the first.
+/// Panics when an id is listed twice under one parent: the router lists each model once, whoever
+/// serves it.
 pub async fn listed_models(c: &Client, router_url: &str) -> (BTreeMap<String, Vec<String>>, Value) {
     let page = get_json(c, &format!("{router_url}/v1/models")).await;
     let mut listed = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
     for m in page["data"].as_array().into_iter().flatten() {
-        let id = m["id"].as_str().unwrap_or_default().to_string();
+        let mut id = m["id"].as_str().unwrap_or_default().to_string();
+        let parent = m["parent"].as_str().unwrap_or_default().to_string();
+        if !seen.insert((id.clone(), parent.clone())) {
+            panic!("{id} listed twice under {parent:?} in {router_url}/v1/models: {page}");
+        }
+        if listed.contains_key(&id) && !parent.is_empty() {
+            id = format!("{parent}:{id}");
+        }
         let mut workers: Vec<String> = m["workers"]
             .as_array()
             .into_iter()
