@@ -78,7 +78,6 @@ async fn loads_with(pricing: AdapterPricing) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the AdapterBook wired into the request path (the lead): aware and blind load alike"]
 async fn an_adapter_aware_router_keeps_adapters_where_they_are_resident() {
     let blind = loads_with(AdapterPricing::Blind).await;
     let aware = loads_with(AdapterPricing::Aware).await;
