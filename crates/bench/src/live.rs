@@ -304,7 +304,10 @@ async fn run_variant(
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;
     let cache_after = fleet_cache_counters(client, engines).await;
-    if let (Some(b), Some(a)) = (loads_before, scrape::fleet_adapter_loads(client, engines).await) {
+    if let (Some(b), Some(a)) = (
+        loads_before,
+        scrape::fleet_adapter_loads(client, engines).await,
+    ) {
         outcome.adapter_loads = (a - b).max(0.0) as u64;
     }
     if let (Some(b), Some(a)) = (cache_before, cache_after) {

@@ -95,7 +95,10 @@ fn cache_column(rows: &[Row]) -> Option<Vec<String>> {
 
 /// The adapter loads per 1,000 requests column, when any row sent requests for an adapter.
 fn adapter_column(rows: &[Row]) -> Option<Vec<String>> {
-    let loads: Vec<Option<f64>> = rows.iter().map(|r| r.outcome.adapter_loads_per_1k()).collect();
+    let loads: Vec<Option<f64>> = rows
+        .iter()
+        .map(|r| r.outcome.adapter_loads_per_1k())
+        .collect();
     loads.iter().any(Option::is_some).then(|| {
         loads
             .iter()
