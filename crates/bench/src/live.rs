@@ -261,6 +261,7 @@ async fn run_variant(
     flush_caches(client, engines).await?;
     let routers = routers::start(cfg, client, engines, variant).await?;
     let cache_before = fleet_cache_counters(client, engines).await;
+    let loads_before = scrape::fleet_adapter_loads(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());
     let start = Instant::now();
     let fleets = (engines, routers.urls.as_slice());
@@ -294,11 +295,21 @@ async fn run_variant(
         rejected: 0,
         loaded_back_tokens: 0,
         adapter_loads: 0,
-        adapter_requests: 0,
+        adapter_requests: b
+            .arrivals
+            .iter()
+            .filter(|a| a.model.as_ref().is_some_and(|m| m.adapter.is_some()))
+            .count() as u64,
     };
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;
     let cache_after = fleet_cache_counters(client, engines).await;
+    if let (Some(b), Some(a)) = (
+        loads_before,
+        scrape::fleet_adapter_loads(client, engines).await,
+    ) {
+        outcome.adapter_loads = (a - b).max(0.0) as u64;
+    }
     if let (Some(b), Some(a)) = (cache_before, cache_after) {
         let delta = |x: f64, y: f64| (x - y).max(0.0) as u64;
         outcome.cache_tokens = Some((delta(a.0, b.0), delta(a.1, b.1)));

@@ -14,7 +14,7 @@ pub struct Row {
 
 pub fn row_json(r: &Row) -> Value {
     let o = &r.outcome;
-    json!({
+    let mut j = json!({
         "variant": r.label,
         "load": r.load,
         "ttft_p50_s": quantile(&o.ttft, 0.5),
@@ -29,7 +29,13 @@ pub fn row_json(r: &Row) -> Value {
         "queue_cv": o.queue_cv,
         "fallback_fraction": if o.decisions == 0 { 0.0 } else { o.fallback_decisions as f64 / o.decisions as f64 },
         "cache_hit_rate": o.cache_hit_rate(),
-    })
+    });
+    if let Some(per_1k) = o.adapter_loads_per_1k() {
+        j["adapter_loads"] = json!(o.adapter_loads);
+        j["adapter_requests"] = json!(o.adapter_requests);
+        j["adapter_loads_per_1k_requests"] = json!(per_1k);
+    }
+    j
 }
 
 /// [`row_json`] plus the raw per-request samples, so plots can be redrawn later
@@ -87,8 +93,23 @@ fn cache_column(rows: &[Row]) -> Option<Vec<String>> {
     })
 }
 
+/// The adapter loads per 1,000 requests column, when any row sent requests for an adapter.
+fn adapter_column(rows: &[Row]) -> Option<Vec<String>> {
+    let loads: Vec<Option<f64>> = rows
+        .iter()
+        .map(|r| r.outcome.adapter_loads_per_1k())
+        .collect();
+    loads.iter().any(Option::is_some).then(|| {
+        loads
+            .iter()
+            .map(|l| l.map_or_else(|| "?".to_string(), |x| format!("{x:.1}")))
+            .collect()
+    })
+}
+
 pub fn table(rows: &[Row]) -> String {
     let cache = cache_column(rows);
+    let adapters = adapter_column(rows);
     let mut s = format!(
         "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9}",
         "variant",
@@ -102,11 +123,13 @@ pub fn table(rows: &[Row]) -> String {
         "queue CV",
         "fallback"
     );
-    s.push_str(if cache.is_some() {
-        " cache hit\n"
-    } else {
-        "\n"
-    });
+    if cache.is_some() {
+        s.push_str(" cache hit");
+    }
+    if adapters.is_some() {
+        s.push_str(" loads/1k");
+    }
+    s.push('\n');
     for (i, r) in rows.iter().enumerate() {
         let j = row_json(r);
         let f = |k: &str| j[k].as_f64().unwrap_or(f64::NAN);
@@ -131,12 +154,13 @@ pub fn table(rows: &[Row]) -> String {
             f("queue_cv"),
             fallback
         );
-        match &cache {
-            Some(c) => {
-                let _ = writeln!(s, " {:>9}", c[i]);
-            }
-            None => s.push('\n'),
+        if let Some(c) = &cache {
+            let _ = write!(s, " {:>9}", c[i]);
         }
+        if let Some(a) = &adapters {
+            let _ = write!(s, " {:>8}", a[i]);
+        }
+        s.push('\n');
     }
     if let Some(r) = rows.first() {
         let _ = writeln!(

@@ -325,6 +325,20 @@ fn cache_comparison(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()
     write_report(out, s, (seed, load), "-cache", json.into(), &plain)
 }
 
+/// Plain report rows of a comparison's `(label, outcome)` pairs at `load`.
+pub(crate) fn plain_rows(
+    rows: impl IntoIterator<Item = (String, loadlink_bench::sim::Outcome)>,
+    load: f64,
+) -> Vec<Row> {
+    rows.into_iter()
+        .map(|(label, outcome)| Row {
+            label,
+            load,
+            outcome,
+        })
+        .collect()
+}
+
 /// Writes a comparison's report: `{stem}{tag}-seed{seed}.json` (the run's settings and `rows`) and
 /// the TTFT CDF of `plotted`, and says where they went.
 pub(crate) fn write_report(

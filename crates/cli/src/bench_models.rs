@@ -4,7 +4,6 @@
 //! TTFT plot.
 
 use anyhow::Result;
-use loadlink_bench::report::Row;
 use loadlink_bench::scenario::{Scenario, models};
 use std::io::Write;
 use std::path::Path;
@@ -18,13 +17,9 @@ pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
     eprintln!();
     print!("{}{}", models::table(&rows), models::acceptance(&rows));
     let json = models::rows_json(&rows, load);
-    let plain: Vec<Row> = rows
-        .into_iter()
-        .map(|r| Row {
-            label: r.variant.label(),
-            load,
-            outcome: r.outcome,
-        })
-        .collect();
+    let plain = crate::bench_cmd::plain_rows(
+        rows.into_iter().map(|r| (r.variant.label(), r.outcome)),
+        load,
+    );
     crate::bench_cmd::write_report(out, s, (seed, load), "", json.into(), &plain)
 }

@@ -2,7 +2,6 @@
 //! (`loadlink_bench::scenario::tiers`): the table, the JSON and the TTFT plot.
 
 use anyhow::Result;
-use loadlink_bench::report::Row;
 use loadlink_bench::scenario::{Scenario, tiers};
 use std::io::Write;
 use std::path::Path;
@@ -16,13 +15,9 @@ pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
     eprintln!();
     print!("{}", tiers::table(&rows));
     let json = tiers::rows_json(&rows, load);
-    let plain: Vec<Row> = rows
-        .into_iter()
-        .map(|r| Row {
-            label: r.variant.label(),
-            load,
-            outcome: r.outcome,
-        })
-        .collect();
+    let plain = crate::bench_cmd::plain_rows(
+        rows.into_iter().map(|r| (r.variant.label(), r.outcome)),
+        load,
+    );
     crate::bench_cmd::write_report(out, s, (seed, load), "", json.into(), &plain)
 }

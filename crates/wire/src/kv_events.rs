@@ -419,15 +419,7 @@ pub fn block_hash(digest: &[u8; 32]) -> i64 {
 
 /// The block hashes of every full page of `tokens`, chained from the root.
 pub fn page_hashes(tokens: &[u32], page_size: usize) -> Vec<i64> {
-    let mut prior: Option<[u8; 32]> = None;
-    tokens
-        .chunks_exact(page_size.max(1))
-        .map(|page| {
-            let d = page_digest(prior.as_ref(), page);
-            prior = Some(d);
-            block_hash(&d)
-        })
-        .collect()
+    crate::kv_namespace::page_hashes_from(tokens, page_size, None)
 }
 
 #[cfg(test)]

@@ -51,6 +51,21 @@ pub(crate) async fn fleet_cache_counters(
     Some(total)
 }
 
+/// The adapter loads the fleet's engines have done in their lifetime
+/// (`loadlink_engine_lora_loads_total`, summed over engines and ranks); `None` when an engine does
+/// not say.
+pub(crate) async fn fleet_adapter_loads(c: &reqwest::Client, engines: &[String]) -> Option<f64> {
+    let mut total = 0.0;
+    for u in engines {
+        let page = scrape(c, u).await.ok()?;
+        total += page
+            .samples("loadlink_engine_lora_loads_total")
+            .map(|s| s.value)
+            .sum::<f64>();
+    }
+    Some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
