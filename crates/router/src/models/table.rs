@@ -284,6 +284,12 @@ impl ModelTable {
                 None => Err(Unresolved::NotFound(name.to_string())),
             };
         }
+        // A bare name with a `lora_path` beside it: SGLang takes the adapter from `lora_path`
+        // (only `base:adapter` in `model` wins over it), so the router routes for that one.
+        let name = match &lora {
+            Some(l) if self.by_adapter.contains_key(name) => &**l,
+            _ => name,
+        };
         if let Some(e) = self.by_adapter.get(name) {
             // Two models' adapters of one name are different adapters: the bare name cannot say
             // which, and serving it by both would mix them.

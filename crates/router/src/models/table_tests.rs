@@ -89,6 +89,12 @@ fn adapters_are_reached_as_sglang_and_vllm_name_them() {
     assert_eq!(to(&t, &ws, &r), [1], "vLLM: the adapter as the model");
     let r = t.resolve(Some("base"), Some("a1"), None).unwrap();
     assert_eq!(to(&t, &ws, &r), [0], "SGLang's lora_path");
+    let r = t.resolve(Some("a1"), Some("a2"), None).unwrap();
+    assert_eq!(
+        (to(&t, &ws, &r), r.adapter.as_deref()),
+        (vec![1], Some("a2")),
+        "beside a bare name, lora_path names the adapter, as SGLang reads it"
+    );
     let r = t.resolve(Some("base"), Some("/l/new"), None).unwrap();
     assert_eq!(
         to(&t, &ws, &r),
