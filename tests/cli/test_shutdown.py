@@ -25,7 +25,7 @@ def test_router_sigterm_drains_the_open_stream_and_refuses_new_connections():
     try:
         wait_http(f"http://127.0.0.1:{rport}/readiness", router, "router")
         conn = http.client.HTTPConnection("127.0.0.1", rport, timeout=30)
-        body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 400, "stream": True})
+        body = json.dumps({"model": "loadlink-sim", "prompt": "hello", "max_tokens": 400, "stream": True})
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200
