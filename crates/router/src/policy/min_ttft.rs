@@ -18,7 +18,8 @@
 //!   adapter, 0 where the router believes it resident; else the worker's adapter load time plus
 //!   the expected reload of the adapter the load evicts ([`crate::adapters`]), times the requests
 //!   the load delays (this one, `requests(i)`, and as many again arriving before those leave: the
-//!   engine pauses its batch for a load, and a busy engine keeps the shift; [`PAUSED_LIFETIMES`]), plus
+//!   engine pauses its batch for a load, and a busy engine keeps the shift;
+//!   [`PAUSED_LIFETIMES`]), plus
 //!   the wait for a slot when every resident adapter is in use. So at equal load a request goes
 //!   where its adapter is, and stops going there once that worker's queue costs more than a load
 //!   elsewhere. `blind` leaves the term out, as routers do today;
@@ -194,9 +195,9 @@ impl MinTtft {
     /// busy: the shift stays until the requests present then have left, about one request
     /// lifetime), also the requests that arrive in that time: by Little's law, arrivals over one
     /// mean time in the system number the mean in the system, `others` again
-    /// ([`PAUSED_LIFETIMES`]). Counting only the requests present underprices a load by about
-    /// half: `bench sim --scenario models` seeds 1-3 load 150 / 166 / 158 per 1,000 requests
-    /// pricing one lifetime and 142 / 152 / 146 pricing two, at TTFT p99 0.62 / 0.71 / 0.60 s and
+    /// ([`PAUSED_LIFETIMES`]). Counting only the requests present counts about half the
+    /// requests a load delays: `bench sim --scenario models` seeds 1-3 load 150 / 166 / 158 per
+    /// 1,000 requests pricing one lifetime and 142 / 152 / 146 pricing two, at TTFT p99 0.62 / 0.71 / 0.60 s and
     /// 0.64 / 0.62 / 0.56 s; `bench live` (60 virtual s) 186 / 164 / 177 and 178 / 161 / 149.
     #[inline]
     fn adapter_s(&self, view: &impl View, i: usize, p: &super::Price) -> f64 {
