@@ -197,8 +197,9 @@ impl MinTtft {
     /// mean time in the system number the mean in the system, `others` again
     /// ([`PAUSED_LIFETIMES`]). Counting only the requests present counts about half the
     /// requests a load delays: `bench sim --scenario models` seeds 1-3 load 150 / 166 / 158 per
-    /// 1,000 requests pricing one lifetime and 142 / 152 / 146 pricing two, at TTFT p99 0.62 / 0.71 / 0.60 s and
-    /// 0.64 / 0.62 / 0.56 s; `bench live` (60 virtual s) 186 / 164 / 177 and 178 / 161 / 149.
+    /// 1,000 requests pricing one lifetime and 142 / 152 / 146 pricing two, at TTFT p99
+    /// 0.62 / 0.71 / 0.60 s and 0.64 / 0.62 / 0.56 s; `bench live` (60 virtual s) 186 / 164 /
+    /// 177 and 178 / 161 / 149 (docs/results.md, "Models and LoRA adapters").
     #[inline]
     fn adapter_s(&self, view: &impl View, i: usize, p: &super::Price) -> f64 {
         let c = view.adapter_cost(i);
