@@ -114,6 +114,27 @@ fn min_ttft_goes_where_the_adapter_is_until_the_queue_costs_more_than_a_load() {
 }
 
 #[test]
+fn a_load_is_priced_for_the_requests_present_and_as_many_arriving_before_they_leave() {
+    let aware = Policy::MinTtft(MinTtft::default());
+    // Workers 1 and 2 lack the adapter and run 3 requests each: a load there delays this request,
+    // those 3, and 3 more arriving meanwhile: 7 loads (0.35 s), plus 3 requests' queue weight.
+    let lacking = |queued: f64| Adapters {
+        queued: [queued, 0.0, 0.0],
+        adapter: [0.0, LOAD, LOAD],
+        requests: [0, 3, 3],
+        ..IDLE
+    };
+    let weight = 3.0 * crate::book::REQUEST_TOKENS_WEIGHT as f64 * 1e-4;
+    let load = LOAD * (1.0 + min_ttft::PAUSED_LIFETIMES * 3.0) + weight;
+    // A queue where the adapter is between one lifetime's price (4 loads) and two's stays there.
+    let between = LOAD * 4.0 + weight + 0.05;
+    assert!(between < load, "{between} < {load}");
+    assert_eq!(picks(aware, &lacking(between)), [0].into());
+    // A queue longer than the load's full price: the load is cheaper.
+    assert_eq!(picks(aware, &lacking(load + 0.05)), [1, 2].into());
+}
+
+#[test]
 fn blind_min_ttft_cache_aware_and_load_policies_ignore_adapters() {
     let blind = Policy::MinTtft(MinTtft {
         adapter_pricing: AdapterPricing::Blind,

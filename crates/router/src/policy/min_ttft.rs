@@ -17,7 +17,9 @@
 //! * `adapter(i)` (with `--adapter-pricing aware`, the default): for a request naming a LoRA
 //!   adapter, 0 where the router believes it resident; else the worker's adapter load time plus
 //!   the expected reload of the adapter the load evicts ([`crate::adapters`]), times the requests
-//!   the load delays (this one and `requests(i)`: the engine pauses its batch for a load), plus
+//!   the load delays (this one, `requests(i)`, and as many again arriving before those leave: the
+//!   engine pauses its batch for a load, and a busy engine keeps the shift;
+//!   [`PAUSED_LIFETIMES`]), plus
 //!   the wait for a slot when every resident adapter is in use. So at equal load a request goes
 //!   where its adapter is, and stops going there once that worker's queue costs more than a load
 //!   elsewhere. `blind` leaves the term out, as routers do today;
@@ -110,6 +112,11 @@ impl AdapterPricing {
     }
 }
 
+/// Request lifetimes over which an adapter load's batch pause delays the requests on the engine:
+/// the ones present when it starts, and as many again arriving before they leave
+/// ([`MinTtft::adapter_s`]).
+pub const PAUSED_LIFETIMES: f64 = 2.0;
+
 /// `min_ttft`'s parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MinTtft {
@@ -181,8 +188,18 @@ impl MinTtft {
     }
 
     /// The adapter term: the request's wait for a slot, plus the engine's load time for every
-    /// request on it (this one, and the running and waiting ones its batch pause delays: a load is
-    /// the whole engine's, not the request's alone); 0 on the common path without adapters.
+    /// request it delays; 0 on the common path without adapters.
+    ///
+    /// A load pauses the whole batch, so it delays this request, the `others` running and waiting
+    /// there, and, because a busy engine never catches the pause up (continuous batching keeps it
+    /// busy: the shift stays until the requests present then have left, about one request
+    /// lifetime), also the requests that arrive in that time: by Little's law, arrivals over one
+    /// mean time in the system number the mean in the system, `others` again
+    /// ([`PAUSED_LIFETIMES`]). Counting only the requests present counts about half the
+    /// requests a load delays: `bench sim --scenario models` seeds 1-3 load 150 / 166 / 158 per
+    /// 1,000 requests pricing one lifetime and 142 / 152 / 146 pricing two, at TTFT p99
+    /// 0.62 / 0.71 / 0.60 s and 0.64 / 0.62 / 0.56 s; `bench live` (60 virtual s) 186 / 164 /
+    /// 177 and 178 / 161 / 149 (docs/results.md, "Models and LoRA adapters").
     #[inline]
     fn adapter_s(&self, view: &impl View, i: usize, p: &super::Price) -> f64 {
         let c = view.adapter_cost(i);
@@ -190,7 +207,7 @@ impl MinTtft {
             return 0.0;
         }
         let others = p.engine_requests.unwrap_or(p.inflight).max(0) as f64;
-        c.load_s * (1.0 + others) + c.wait_s
+        c.load_s * (1.0 + PAUSED_LIFETIMES * others) + c.wait_s
     }
 
     /// Seconds to load back the host-tier part of candidate `i`'s `cached` tokens (0 when blind,
