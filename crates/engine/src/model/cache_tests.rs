@@ -18,8 +18,8 @@ fn ids(range: std::ops::Range<u32>) -> Arc<[u32]> {
     range.collect::<Vec<_>>().into()
 }
 
-/// Steps until idle; returns the virtual time reached.
-fn drain(s: &mut Scheduler, mut now: f64) -> f64 {
+/// Steps until idle; returns the virtual time reached (shared with the other model tests).
+pub(super) fn drain(s: &mut Scheduler, mut now: f64) -> f64 {
     loop {
         let st = s.step(now);
         if st.kind == StepKind::Idle {

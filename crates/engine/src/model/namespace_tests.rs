@@ -27,15 +27,7 @@ fn prompt(base: u32) -> Arc<[u32]> {
     (base..base + 13).collect::<Vec<_>>().into()
 }
 
-fn drain(s: &mut Scheduler, mut now: f64) -> f64 {
-    loop {
-        let st = s.step(now);
-        if st.kind == StepKind::Idle {
-            return now;
-        }
-        now += st.duration;
-    }
-}
+use super::cache_tests::drain;
 
 fn lora(name: &str) -> LoraRef {
     LoraRef::from_path(name, &format!("/adapters/{name}"))
