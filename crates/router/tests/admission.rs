@@ -109,7 +109,13 @@ async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
     .await;
     let results = burst(&capped, 40, None).await;
     let (admitted, refused): (Vec<_>, Vec<_>) = results.iter().partition(|o| o.status == 200);
-    assert!(!admitted.is_empty() && !refused.is_empty(), "some of each");
+    assert!(
+        !admitted.is_empty() && !refused.is_empty(),
+        "some of each: {} admitted, {} refused (statuses {:?})",
+        admitted.len(),
+        refused.len(),
+        results.iter().map(|o| o.status).collect::<Vec<_>>()
+    );
     assert!(
         refused
             .iter()
