@@ -216,7 +216,12 @@ pub async fn forward(
     let adapter = model
         .adapter
         .as_deref()
-        .and_then(|a| st.fleet.adapters.intern(a));
+        .and_then(|a| match roster.models.knows_adapter(a) {
+            // Only adapters a worker lists take a place in the book's bounded name table: a
+            // client's made-up `lora_path`s cannot fill it.
+            true => st.fleet.adapters.intern(a),
+            false => st.fleet.adapters.id(a),
+        });
     if let Some(id) = adapter {
         let book = &st.fleet.adapters;
         book.fill_costs(view.targets, id, view.now_ms, &mut adapter_costs);

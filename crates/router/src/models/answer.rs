@@ -50,6 +50,8 @@ pub fn resolve(
         }
         Err(Unresolved::NotFound(name)) => {
             st.fleet.models.not_found.fetch_add(1, Relaxed);
+            // The client's name is echoed, cut to a length a message can carry.
+            let name: String = name.chars().take(200).collect();
             let served: Vec<&str> = table.models().map(|(n, _)| &**n).collect();
             let message = format!(
                 "The model `{name}` does not exist: no worker of this router serves it (served: {}). GET /v1/models lists what is served.",

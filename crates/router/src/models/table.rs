@@ -195,6 +195,11 @@ impl ModelTable {
         })
     }
 
+    /// Whether some worker lists the adapter `name`.
+    pub fn knows_adapter(&self, name: &str) -> bool {
+        self.adapter_bases.contains_key(name)
+    }
+
     /// Whether any worker names a model (else routing by model is off).
     pub fn routes_by_model(&self) -> bool {
         !self.models.is_empty()
