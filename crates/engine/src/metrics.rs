@@ -242,7 +242,9 @@ fn pd_families(page: &mut Exposition, st: &AppState) {
     let mut family = page.family(
         "loadlink_engine_pd_rooms_total",
         MetricType::Counter,
-        "Disaggregated requests (rooms) ended on this engine, by outcome: transferred (the KV was          sent, prefill, or arrived, decode), failed (the peer failed it or its connection was          lost), timeout (--disaggregation-timeout)",
+        "Disaggregated requests (rooms) ended on this engine, by outcome: transferred (the KV was \
+         sent, prefill, or arrived, decode), failed (the peer failed it or its connection was \
+         lost), timeout (--disaggregation-timeout)",
     );
     for o in crate::pd::Outcome::ALL {
         let labels = RoomLabels {
