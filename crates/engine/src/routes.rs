@@ -5,7 +5,7 @@
 
 use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
 use crate::flavor::Flavor;
-use crate::model::Submit;
+use crate::model::{PdMode, Submit};
 use crate::pd::respond::{self as pd, Plan};
 use crate::rank::{Command, wall_now};
 use crate::reply::{
@@ -73,10 +73,14 @@ pub(crate) async fn generate(
         Route::Chat => parse_chat(&bytes),
         Route::Generate => parse_generate(&bytes),
     };
-    let req = match parsed {
+    let mut req = match parsed {
         Ok(r) => r,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
+    if st.cfg.pd.mode == PdMode::Prefill && req.routed_dp_rank.is_none() {
+        // The router chose the prefill rank the decode side will ask for: run it there.
+        req.routed_dp_rank = req.bootstrap.dp_rank.map(i128::from);
+    }
     let selection = match st.served.select(
         st.cfg.flavor,
         req.model.as_deref(),

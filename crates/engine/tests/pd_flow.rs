@@ -188,3 +188,29 @@ async fn both_sides_advertise_their_role_and_publish_the_disaggregation_section(
     assert_eq!(f.decode[0].bootstrap_port, None);
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_engine_runs_the_room_on_the_rank_the_router_chose() {
+    let f = pd_engines(1, 1, |mode, c| {
+        c.time_scale = 20.0;
+        if mode == PdMode::Prefill {
+            c.dp_size = 2;
+        }
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let mut fields = f.prefill[0].bootstrap_fields(21);
+    fields["disagg_prefill_dp_rank"] = json!(1);
+    let body = with_fields(&json!({"text": "on rank one"}), &fields);
+    let (p, d) = send_both(&c, &f.prefill[0].url, &f.decode[0].url, "/generate", &body).await;
+    assert_eq!((p.0, d.0), (200, 200), "{p:?} {d:?}");
+    let page = loadlink_testkit::scrape(&c, &f.prefill[0].url).await;
+    let on = |rank: &str| {
+        page.value(
+            "loadlink_engine_rank_requests_total",
+            &[("dp_rank", rank), ("rank_from", "routed")],
+        )
+    };
+    assert_eq!((on("0"), on("1")), (Some(0.0), Some(1.0)));
+    f.stop().await;
+}

@@ -173,7 +173,10 @@ pub(crate) async fn prefill(
             .add_request(room, reply.id, guard.commands.clone(), reply.prompt_tokens)
         {
             Ok(rx) => rx,
-            Err(m) => return sglang_error(StatusCode::BAD_REQUEST, route, stream, &m),
+            Err(m) => {
+                let refused = sglang_error(StatusCode::BAD_REQUEST, route, stream, &m);
+                return withdrawn(guard, refused);
+            }
         };
     let _room = RoomGuard {
         st: st.clone(),
@@ -191,13 +194,13 @@ pub(crate) async fn prefill(
                     return one_token(&reply, completion_tokens);
                 }
                 Some(Event::Token { .. }) => {}
-                None => return fail("the engine stopped before the request finished"),
+                None => return withdrawn(guard, fail("the engine stopped before the request finished")),
             },
             why = &mut failed, if !settled => match why {
-                Ok((_, reason)) => return fail(&format!(
+                Ok((_, reason)) => return withdrawn(guard, fail(&format!(
                     "KV transfer failed for request rid={} bootstrap_room={room}: {reason}",
                     reply.id
-                )),
+                ))),
                 // The room closed because its KV was sent: the finish is on its way.
                 Err(_) => settled = true,
             },
@@ -206,11 +209,11 @@ pub(crate) async fn prefill(
                     registered = true;
                 } else {
                     pd.count(Outcome::Timeout);
-                    return fail(&format!(
+                    return withdrawn(guard, fail(&format!(
                         "KV transfer timed out for request rid={} bootstrap_room={room}: no \
                          decode engine registered within {:?} (--disaggregation-timeout)",
                         reply.id, pd.cfg.timeout
-                    ));
+                    )));
                 }
             }
         }
@@ -277,7 +280,10 @@ pub(crate) async fn decode(
             };
             if guard.commands.send(arrived).is_err() {
                 let m = "the engine is shutting down";
-                return sglang_error(StatusCode::SERVICE_UNAVAILABLE, route, stream, m);
+                return withdrawn(
+                    guard,
+                    sglang_error(StatusCode::SERVICE_UNAVAILABLE, route, stream, m),
+                );
             }
             return if stream {
                 stream_response(reply, rx, guard)
@@ -301,5 +307,16 @@ pub(crate) async fn decode(
             )
         }
     };
-    sglang_error(StatusCode::INTERNAL_SERVER_ERROR, route, stream, &message)
+    withdrawn(
+        guard,
+        sglang_error(StatusCode::INTERNAL_SERVER_ERROR, route, stream, &message),
+    )
+}
+
+/// Takes a request the engine failed out of its rank (not counted as a client's abort), and
+/// answers `response`.
+fn withdrawn(mut guard: AbortGuard, response: Response) -> Response {
+    let _ = guard.commands.send(Command::Abort(guard.id));
+    guard.finished = true;
+    response
 }
