@@ -208,3 +208,51 @@ async fn garbage_on_the_bootstrap_port_closes_that_connection_only() {
     assert_eq!((p.0, d.0), (200, 200), "{p:?} {d:?}");
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_request_whose_kv_never_comes_times_out() {
+    // The prefill engine accepts the registration but never gets the request itself.
+    let f = pd_engines(1, 1, |_, c| {
+        c.time_scale = 20.0;
+        c.pd.timeout = Duration::from_millis(300);
+    })
+    .await;
+    let c = reqwest::Client::new();
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "stream": true});
+    let body = with_fields(&body, &f.prefill[0].bootstrap_fields(44));
+    let url = &f.decode[0].url;
+    let r = post(&c, &format!("{url}/v1/chat/completions"), &body).await;
+    let m = sse_error(&r.text().await.unwrap());
+    assert!(
+        m.starts_with("KV transfer timed out") && m.contains("bootstrap_room=44"),
+        "{m}"
+    );
+    assert_eq!(rooms_total(&c, url, "timeout").await, 1.0);
+    let page = scrape(&c, url).await;
+    assert_eq!(
+        page.value("loadlink_engine_aborted_total", &[]),
+        Some(0.0),
+        "not a client abort"
+    );
+    decode_still_serves(&c, &f).await;
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_bootstrap_port_stops_the_prefill_engine_from_starting() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cfg = loadlink_engine::EngineConfig {
+        port: 0,
+        pd: loadlink_engine::PdConfig {
+            mode: PdMode::Prefill,
+            bootstrap_port: taken.local_addr().unwrap().port(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let err = match loadlink_engine::Engine::start(cfg).await {
+        Ok(_) => panic!("started on a taken bootstrap port"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("--disaggregation-bootstrap-port"), "{err}");
+}
