@@ -21,6 +21,8 @@ pub(crate) mod fields;
 pub mod frame;
 pub(crate) mod respond;
 pub(crate) mod rooms;
+#[cfg(test)]
+mod rooms_tests;
 pub(crate) mod server;
 
 pub use crate::model::PdMode;
