@@ -221,7 +221,11 @@ impl Scheduler {
         let req = Req {
             id: s.id,
             prompt: prompt.max(1),
-            max_new: s.max_new_tokens.max(1),
+            // A prefill engine generates the first token only: nothing more to reserve for.
+            max_new: match s.disagg {
+                Disagg::Prefill => 1,
+                _ => s.max_new_tokens.max(1),
+            },
             generated: 0,
             prefilled: 0,
             retracted: false,
@@ -270,9 +274,10 @@ impl Scheduler {
         self.running.len()
     }
 
-    /// Waiting requests, including a partly prefilled one.
+    /// Waiting requests, including a partly prefilled one and those whose KV arrived from a
+    /// prefill engine but that wait for room (SGLang's decode waiting queue).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + usize::from(self.chunked.is_some())
+        self.waiting.len() + usize::from(self.chunked.is_some()) + self.pd.arrived.len()
     }
 
     pub fn retractions(&self) -> u64 {

@@ -122,6 +122,11 @@ fn arrived_requests_wait_for_batch_room_and_abort_anywhere() {
     s.step(0.0);
     let m = s.disaggregation_metrics().unwrap();
     assert_eq!((s.num_running(), m.decode_prealloc_queue_reqs), (1, 2));
+    assert_eq!(
+        s.num_waiting(),
+        2,
+        "arrived, waiting for room, as SGLang's decode queue"
+    );
     assert!(s.abort(3));
     assert_eq!(
         s.disaggregation_metrics()
