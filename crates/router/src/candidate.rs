@@ -112,6 +112,8 @@ pub struct Roster {
     /// The fleet's rank epoch it was built at ([`crate::fleet::Fleet::roster`] rebuilds it when a
     /// polled worker has reported a new rank since).
     epoch: u64,
+    /// With prefill or decode workers: each side as a roster of its own ([`crate::pd::sides`]).
+    pub pd: Option<Box<crate::pd::sides::PdSides>>,
 }
 
 impl Roster {
@@ -134,6 +136,18 @@ impl Roster {
         epoch: u64,
         models: &crate::models::registry::Registry,
     ) -> Self {
+        let mut r = Roster::flat(workers, field, epoch, models);
+        r.pd = crate::pd::sides::PdSides::of(&r.workers, field, epoch, models).map(Box::new);
+        r
+    }
+
+    /// The roster of `workers` without PD sides (a side's own roster).
+    pub(crate) fn flat(
+        workers: Vec<Arc<Worker>>,
+        field: RankField,
+        epoch: u64,
+        models: &crate::models::registry::Registry,
+    ) -> Self {
         let candidates = CandidateList::of(&workers, field);
         let models = models.table(&workers, &candidates);
         Roster {
@@ -141,6 +155,7 @@ impl Roster {
             candidates,
             models,
             epoch,
+            pd: None,
         }
     }
 
