@@ -237,7 +237,7 @@ impl Legs<'_> {
             _ => (self.pd.prefill_policy, self.lookup),
         };
         let st = self.st;
-        let seq = st.seq.fetch_add(1, Relaxed);
+        let seq = st.pd.next_seq(role);
         let idx = admission::rules::pick(&policy, view, &st.cfg.admission, seq)?;
         st.metrics.decisions.fetch_add(1, Relaxed);
         if view.load_of(idx).source == crate::book::Source::Fallback {

@@ -69,6 +69,9 @@ pub struct PdMetrics {
     pub prefill_failed_mid_stream: AtomicU64,
     /// Dispatches per side (prefill, decode).
     dispatched: [AtomicU64; 2],
+    /// Each side's pick sequence (the policies' entropy): one shared sequence would hand a side
+    /// every other number, and `round_robin` would then visit half of that side.
+    seqs: [AtomicU64; 2],
 }
 
 fn side(role: Role) -> usize {
@@ -90,6 +93,11 @@ impl PdMetrics {
     /// A retry after `failed` failed.
     pub fn retry(&self, failed: Role) {
         self.retries[side(failed)].fetch_add(1, Relaxed);
+    }
+
+    /// The next entropy for a pick on `role`'s side.
+    pub fn next_seq(&self, role: Role) -> u64 {
+        self.seqs[side(role)].fetch_add(1, Relaxed)
     }
 
     pub fn dispatched(&self, role: Role) {
