@@ -16,7 +16,7 @@ use super::{PdConfig, Role, fresh_room};
 use crate::admission;
 use crate::book::InflightGuard;
 use crate::cache::Lookup;
-use crate::fleet::{FleetView, Roster};
+use crate::fleet::FleetView;
 use crate::policy::Policy;
 use crate::proxy::{Outgoing, Target, cache_lookup, read_request, work_refused};
 use crate::retry::{Backoff, all_failed};
@@ -91,9 +91,11 @@ async fn attempt_pairs(
         .await
         .map_err(|r| (r, Outcome::NoPair))?;
     let shape = body_shape(st, &path, body).await?;
-    let resolve = |side: &Roster| crate::models::answer::resolve(st, side, &path, &asked);
-    let pmodel = resolve(&sides.prefill).map_err(|r| (r, Outcome::NoPair))?;
-    let dmodel = resolve(&sides.decode).map_err(|r| (r, Outcome::NoPair))?;
+    let resolve = crate::models::answer::resolve_counted;
+    let pmodel =
+        resolve(st, &sides.prefill, &path, &asked, true).map_err(|r| (r, Outcome::NoPair))?;
+    let dmodel =
+        resolve(st, &sides.decode, &path, &asked, false).map_err(|r| (r, Outcome::NoPair))?;
     let ns = crate::models::answer::namespace(&sides.prefill, &asked, &pmodel);
     let mut out = Outgoing::new(method, &uri, headers, shape.body.clone(), cfg.dp_rank_field);
     out.client_named_rank = client_rank.rank().is_some();
@@ -130,6 +132,7 @@ async fn attempt_pairs(
     let (mut p, mut d) = (p, d);
     let mut backoff = Backoff::new(cfg.retry_initial_backoff_ms, cfg.retry_max_backoff_ms);
     let mut last_error = String::new();
+    let mut attempted = false;
     for attempt in 0..=cfg.max_retries {
         if attempt > 0 {
             pview.now_ms = pview.workers()[0].now_ms();
@@ -140,6 +143,7 @@ async fn attempt_pairs(
         let (Some(pl), Some(dl)) = (p.take(), d.take()) else {
             break;
         };
+        attempted = true;
         let (pw, prank) = (pview.worker(pl.idx).clone(), pview.targets.rank(pl.idx));
         let (dw, drank) = (dview.worker(dl.idx).clone(), dview.targets.rank(dl.idx));
         if let Some(l) = &lookup {
@@ -189,7 +193,12 @@ async fn attempt_pairs(
             }
         }
     }
-    Err((all_failed(st, &last_error), Outcome::Exhausted))
+    let outcome = if attempted {
+        Outcome::Exhausted
+    } else {
+        Outcome::NoPair
+    };
+    Err((all_failed(st, &last_error), outcome))
 }
 
 fn bad_request(st: &AppState, msg: &str) -> Refused {

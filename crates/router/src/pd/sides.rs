@@ -37,8 +37,8 @@ impl PdSides {
             return None;
         }
         Some(PdSides {
-            prefill: Arc::new(Roster::flat(prefill, field, epoch, models)),
-            decode: Arc::new(Roster::flat(decode, field, epoch, models)),
+            prefill: Arc::new(Roster::flat(prefill, field, epoch, models, true)),
+            decode: Arc::new(Roster::flat(decode, field, epoch, models, true)),
         })
     }
 
