@@ -93,3 +93,44 @@ fn rooms_are_63_bit_and_distinct() {
     // Not a counter: the top half of the range is used too.
     assert!(rooms.iter().any(|r| *r >= 1 << 62));
 }
+
+#[test]
+fn a_decode_engines_transfer_queues_price_it_away() {
+    use crate::book::{LoadSignal, Worker};
+    use crate::fleet::FleetView;
+    use crate::policy::{DecodeLoad, View};
+    use loadlink_wire::LoadSnapshot;
+    use loadlink_wire::snapshot::DisaggregationMetrics;
+    use std::sync::Arc;
+    let epoch = std::time::Instant::now();
+    let ws: Vec<Arc<Worker>> = (0..2)
+        .map(|i| Arc::new(Worker::new(format!("http://d{i}"), 1, None, epoch)))
+        .collect();
+    let snap = |prealloc: i64, transfer: i64| LoadSnapshot {
+        num_running_reqs: 2,
+        disaggregation: Some(DisaggregationMetrics {
+            mode: "decode".into(),
+            decode_prealloc_queue_reqs: prealloc,
+            decode_transfer_queue_reqs: transfer,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    ws[0].record(0, 0, &snap(3, 2));
+    ws[1].record(0, 0, &snap(0, 0));
+    let view = FleetView::new(&ws, LoadSignal::Backlog, 60_000);
+    assert_eq!((view.pending_transfers(0), view.pending_transfers(1)), (Some(5), Some(0)));
+    let p = DecodeLoad::default();
+    assert_eq!((p.cost(&view, 0), p.cost(&view, 1)), (7.0, 2.0));
+    assert_eq!(p.pick(&view, 0), Some(1));
+    // A prefill engine's own queues are its pending transfers; a regular engine has none.
+    let prefill = DisaggregationMetrics {
+        mode: "prefill".into(),
+        prefill_bootstrap_queue_reqs: 1,
+        prefill_inflight_queue_reqs: 4,
+        decode_transfer_queue_reqs: 99,
+        ..Default::default()
+    };
+    assert_eq!(metrics::pending_transfers(Some(&prefill)), 5);
+    assert_eq!(metrics::pending_transfers(None), 0);
+}
