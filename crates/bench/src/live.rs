@@ -300,6 +300,7 @@ async fn run_variant(
             .iter()
             .filter(|a| a.model.as_ref().is_some_and(|m| m.adapter.is_some()))
             .count() as u64,
+        ..Outcome::default()
     };
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;

@@ -1,0 +1,349 @@
+//! Prefill–decode disaggregation in the simulator: a fleet whose first engines only prefill and
+//! whose others only decode, with the KV of each prompt moved between them over a link.
+//!
+//! A routed request is placed twice by its router replica, as `loadlink route --pd` does: a prefill
+//! engine by the variant's (production) policy over the prefill engines, with the request's cached
+//! prefix on each; a decode engine by the decode policy ([`DecodePolicy`]) over the decode engines.
+//! Then, in virtual time:
+//!
+//! 1. **Prefill**: the prefill engine's scheduler (the production model, with its prefix cache and
+//!    KV events) runs the prompt and stops at the first token; the prefill guard ends there, as the
+//!    router's does when the prefill answer ends.
+//! 2. **Transfer**: the prompt's KV (`prompt tokens × bytes per token`) crosses the link of that
+//!    (prefill, decode) pair at the link's bandwidth ([`KvLink`]); a pair's link moves one transfer
+//!    at a time, so transfers queue behind each other (the transfer wait counts both).
+//! 3. **Decode**: on arrival the decode engine admits the request with its whole prompt in KV and
+//!    decodes. The first token the client sees is the decode engine's first step, so a PD request's
+//!    TTFT is prefill queue + prefill + transfer + first decode step.
+//!
+//! The decode engine is the production scheduler priced as a decode engine ([`decode_engine`]): no
+//! compute per prompt token (the KV arrives by transfer), its prompt still reserved in the KV pool
+//! and attended by every decode step, and every arrived prompt admitted in one step however long.
+//! Its admission step stands for the first decode step of the arrived requests.
+//!
+//! Direct (router-bypassing) requests pick both engines uniformly, as a client pairing engines on
+//! its own would. PD fleets route whole engines (one rank each); admission control and the
+//! clairvoyant router are not modelled for them.
+
+use super::events::Ev;
+use super::{Sim, SimConfig, ms};
+use loadlink_engine::model::{Event, ModelConfig, Submit};
+use loadlink_router::candidate::Candidate;
+use loadlink_router::fleet_view::FleetView;
+use loadlink_router::policy::{View, mix};
+use loadlink_router::{InflightGuard, LoadSignal, Policy, Worker};
+use std::sync::Arc;
+
+/// How the routers pick a decode engine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DecodePolicy {
+    /// The least loaded decode engine by its published running + waiting requests per batch slot
+    /// plus its KV usage (falling back to this router's in-flight count when the engine's load is
+    /// stale).
+    DecodeLoad,
+    /// A production policy on a load signal (e.g. round robin, least in-flight).
+    Policy(Policy, LoadSignal),
+}
+
+impl DecodePolicy {
+    pub fn label(self) -> String {
+        match self {
+            DecodePolicy::DecodeLoad => "decode_load".into(),
+            DecodePolicy::Policy(Policy::RoundRobin, _) => "round_robin".into(),
+            DecodePolicy::Policy(Policy::LeastLoad, LoadSignal::Inflight) => "least_inflight".into(),
+            DecodePolicy::Policy(p, s) => format!("{} / {}", p.as_str(), s.as_str()),
+        }
+    }
+}
+
+/// The link each (prefill, decode) pair moves KV over.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvLink {
+    /// KV bytes per prompt token (`loadlink engine --kv-bytes-per-token`).
+    pub bytes_per_token: u64,
+    /// Gigabytes per second (`loadlink engine --kv-transfer-gb-s`).
+    pub gb_s: f64,
+}
+
+impl KvLink {
+    /// The engine's defaults: 131072 bytes per token at 25 GB/s.
+    pub const DEFAULT: KvLink = KvLink {
+        bytes_per_token: 131_072,
+        gb_s: 25.0,
+    };
+
+    /// Seconds to move the KV of `tokens` prompt tokens.
+    pub fn transfer_s(self, tokens: u64) -> f64 {
+        tokens as f64 * self.bytes_per_token as f64 / (self.gb_s.max(1e-9) * 1e9)
+    }
+}
+
+/// A disaggregated fleet: engines `0..prefill` prefill, the rest decode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PdFleet {
+    pub prefill: usize,
+    pub decode_policy: DecodePolicy,
+    pub link: KvLink,
+}
+
+/// The candidates the routers' (first) policy picks from: the prefill engines of a PD fleet, else
+/// the fleet's list as its rank routing makes it.
+pub(super) fn routed_candidates(cfg: &SimConfig, workers: &[Arc<Worker>]) -> Vec<Candidate> {
+    match &cfg.pd {
+        Some(f) => (0..f.prefill)
+            .map(|w| Candidate {
+                worker: w as u32,
+                rank: None,
+            })
+            .collect(),
+        None => cfg.rank_routing.candidates(workers),
+    }
+}
+
+/// A decode engine's model: `m`'s hardware, with no compute per prompt token (the prompt's KV is
+/// transferred, not computed) and every arrived prompt admitted in one step.
+pub fn decode_engine(m: ModelConfig) -> ModelConfig {
+    let mut d = m;
+    d.timing.per_prefill_token_us = 0.0;
+    d.chunked_prefill_size = m.max_total_tokens.max(1);
+    d
+}
+
+/// A PD request's timeline, in virtual seconds (what the tests and the report read).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PdTimeline {
+    pub arrived: f64,
+    /// The prefill engine produced its first token (its prefill ended).
+    pub prefilled: f64,
+    /// Its KV reached the decode engine.
+    pub transferred: f64,
+    /// The decode engine's first token: the client's first token.
+    pub first: f64,
+    pub done: f64,
+    pub prefill_engine: usize,
+    pub decode_engine: usize,
+}
+
+/// One request's PD state.
+#[derive(Default)]
+struct PdReq {
+    /// The decode unit.
+    decode: usize,
+    prefilled: Option<f64>,
+    transferred: Option<f64>,
+    /// The decode side's in-flight guard (until the request finishes).
+    guard: Option<InflightGuard>,
+}
+
+/// The simulator's PD state.
+pub(super) struct PdState {
+    fleet: PdFleet,
+    decode_engines: usize,
+    decode_list: Vec<Candidate>,
+    reqs: Vec<PdReq>,
+    /// Per (prefill engine × decode engines + decode index): when its link is free.
+    link_free: Vec<f64>,
+}
+
+impl PdState {
+    /// The state for `requests` requests on a fleet of `engines` engines.
+    pub(super) fn new(fleet: PdFleet, engines: usize, requests: usize) -> Self {
+        let decode_engines = engines.saturating_sub(fleet.prefill);
+        PdState {
+            fleet,
+            decode_engines,
+            decode_list: (fleet.prefill..engines)
+                .map(|w| Candidate {
+                    worker: w as u32,
+                    rank: None,
+                })
+                .collect(),
+            reqs: (0..requests).map(|_| PdReq::default()).collect(),
+            link_free: vec![0.0; fleet.prefill * decode_engines],
+        }
+    }
+}
+
+impl Sim<'_> {
+    /// Places PD request `i` arriving at `t` (prefill and decode engines) and starts its prefill;
+    /// `false` when the fleet is not disaggregated.
+    pub(super) fn arrive_pd(&mut self, i: usize, t: f64) -> bool {
+        let Some(pd) = &self.pd else {
+            return false;
+        };
+        let (np, nd) = (pd.fleet.prefill as u64, pd.decode_engines as u64);
+        let mut submit = self.submit_of(i);
+        submit.max_new_tokens = 1; // the prefill engine stops at the first token
+        let (prefill, decode) = if self.arrivals[i].direct {
+            let h = mix(i as u64 ^ 0xd1ec7);
+            let p = Candidate {
+                worker: (h % np.max(1)) as u32,
+                rank: None,
+            };
+            let d = Candidate {
+                worker: (np + (h >> 32) % nd.max(1)) as u32,
+                rank: None,
+            };
+            (self.unit_for(p), self.unit_for(d))
+        } else {
+            let Some(prefill) = self.route(i, &submit, t, true) else {
+                return true; // refused (counted) or nothing available
+            };
+            let Some(decode) = self.route_decode(i, t) else {
+                self.reqs[i].guard = None;
+                self.reject();
+                return true;
+            };
+            (prefill, decode)
+        };
+        if let Some(pd) = &mut self.pd {
+            pd.reqs[i].decode = decode;
+        }
+        self.start(i, prefill, submit, t);
+        true
+    }
+
+    /// The decode unit for routed request `i`, picked by its router replica's decode policy; holds
+    /// the decode side's in-flight guard.
+    fn route_decode(&mut self, i: usize, t: f64) -> Option<usize> {
+        let pd = self.pd.as_ref()?;
+        let r = i % self.cfg.routers;
+        let (policy, signal) = match pd.fleet.decode_policy {
+            DecodePolicy::DecodeLoad => (None, LoadSignal::Engine),
+            DecodePolicy::Policy(p, s) => (Some(p), s),
+        };
+        let mut view = FleetView::new(&self.books[r], signal, self.cfg.freshness_ms)
+            .with_candidates(&pd.decode_list);
+        view.now_ms = ms(t);
+        let batch = self.cfg.engines[pd.fleet.prefill.min(self.cfg.engines.len() - 1)]
+            .max_running_requests;
+        let pick = match policy {
+            Some(p) => p.pick(&view, i as u64),
+            None => decode_load(&view, i as u64, batch as f64),
+        }?;
+        let c = view.targets.get(pick);
+        let w = self.books[r][c.worker as usize].clone();
+        let guard = InflightGuard::to_target(w, c.rank, 0);
+        self.out.decisions += 1;
+        let unit = self.unit_for(c);
+        if let Some(pd) = &mut self.pd {
+            pd.reqs[i].guard = Some(guard);
+        }
+        Some(unit)
+    }
+
+    /// A scheduler event of `unit` at `t`, seen first by the PD fleet: `true` when it was a PD
+    /// request's prefill-side event (the client hears nothing of it; a finished prefill starts the
+    /// transfer), `false` when the usual handling applies.
+    pub(super) fn pd_event(&mut self, unit: usize, ev: &Event, t: f64) -> bool {
+        let Some(pd) = &mut self.pd else {
+            return false;
+        };
+        let (i, finished) = match *ev {
+            Event::FirstToken { id } => (id as usize, false),
+            Event::Finished { id, .. } => (id as usize, true),
+            Event::Token { .. } => return false,
+        };
+        if unit != self.reqs[i].unit {
+            if finished {
+                pd.reqs[i].guard = None; // the decode side answered in full
+            }
+            return false;
+        }
+        if finished {
+            self.reqs[i].guard = None; // the prefill answer ended
+            pd.reqs[i].prefilled = Some(t);
+            let p = self.layout.engine_of(unit);
+            let d = self.layout.engine_of(pd.reqs[i].decode) - pd.fleet.prefill;
+            let link = &mut pd.link_free[p * pd.decode_engines + d];
+            let end = t.max(*link) + pd.fleet.link.transfer_s(self.arrivals[i].prompt_tokens);
+            *link = end;
+            self.push(end, Ev::Transferred(i));
+        }
+        true
+    }
+
+    /// Request `i`'s KV reached its decode engine at `t`: admitted there, to decode.
+    pub(super) fn transferred(&mut self, i: usize, t: f64) {
+        let Some(pd) = &mut self.pd else {
+            return;
+        };
+        pd.reqs[i].transferred = Some(t);
+        let unit = pd.reqs[i].decode;
+        let a = &self.arrivals[i];
+        let submit = Submit::counted(i as u64, a.prompt_tokens, a.output_tokens);
+        let started = self.engines[unit].arrive(submit, t);
+        self.advance(unit, t, started);
+    }
+
+    /// The engines whose admissions the cache hit rate counts: the prefill engines of a PD fleet
+    /// (a decode engine computes no prompt), every engine otherwise.
+    pub(super) fn prefilling_units(&self) -> std::ops::Range<usize> {
+        match &self.pd {
+            Some(pd) => 0..self.layout.unit(pd.fleet.prefill, 0),
+            None => 0..self.engines.len(),
+        }
+    }
+
+    /// What a PD request of `prompt` tokens adds to its TTFT floor beyond its own prefill: its
+    /// transfer on an idle link and the first step of an idle decode engine (0 when aggregated).
+    pub(super) fn pd_floor(&self, prompt: u64) -> f64 {
+        match &self.pd {
+            Some(pd) => {
+                let decode = self.cfg.engines[pd.fleet.prefill.min(self.cfg.engines.len() - 1)];
+                pd.fleet.link.transfer_s(prompt) + super::isolated_ttft(decode, prompt)
+            }
+            None => 0.0,
+        }
+    }
+
+    /// The PD figures of the finished requests: their timelines and transfer waits.
+    pub(super) fn pd_outcome(&self) -> Vec<PdTimeline> {
+        let Some(pd) = &self.pd else {
+            return Vec::new();
+        };
+        let req = self.reqs.iter().zip(&pd.reqs);
+        req.filter_map(|(r, p)| {
+            Some(PdTimeline {
+                arrived: r.arrived,
+                prefilled: p.prefilled?,
+                transferred: p.transferred?,
+                first: r.first?,
+                done: r.done?,
+                prefill_engine: self.layout.engine_of(r.unit),
+                decode_engine: self.layout.engine_of(p.decode),
+            })
+        })
+        .collect()
+    }
+}
+
+/// The interim `decode_load`: the available decode engine with the least published running +
+/// waiting requests per batch slot plus KV usage (its engine figures, the dispatches since its
+/// snapshot included); an engine whose load is stale counts this router's in-flight requests per
+/// batch slot instead. Ties go to the first from a start rotated by `entropy`.
+fn decode_load(view: &FleetView<'_>, entropy: u64, batch: f64) -> Option<usize> {
+    let n = view.len();
+    if n == 0 {
+        return None;
+    }
+    let start = (entropy % n as u64) as usize;
+    let mut best: Option<(f64, usize)> = None;
+    for i in (start..n).chain(0..start) {
+        if !view.available(i) {
+            continue;
+        }
+        let score = match view.engine_requests(i) {
+            Some(reqs) => reqs as f64 / batch.max(1.0) + view.kv_usage(i),
+            None => view.inflight(i) as f64 / batch.max(1.0),
+        };
+        if best.is_none_or(|(b, _)| score < b) {
+            best = Some((score, i));
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
+#[cfg(test)]
+#[path = "pd_tests.rs"]
+mod tests;
