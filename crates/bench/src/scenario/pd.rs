@@ -28,14 +28,17 @@ pub struct PdVariant {
     pub decode: Option<DecodePolicy>,
     /// The router of the aggregated fleet, or of the PD fleet's prefill side.
     pub router: Variant,
+    /// The decode engines' `max_running_requests` (`None`: the scenario's, as every engine's).
+    pub decode_batch: Option<usize>,
 }
 
 impl PdVariant {
-    /// `aggregated` or `2P+2D`.
-    pub fn fleet_label(&self) -> &'static str {
-        match self.decode {
-            None => "aggregated 4",
-            Some(_) => "PD 2P+2D",
+    /// `aggregated 4`, `PD 2P+2D`, or `PD 2P+2D b128` for a decode batch of its own.
+    pub fn fleet_label(&self) -> String {
+        match (self.decode, self.decode_batch) {
+            (None, _) => "aggregated 4".into(),
+            (Some(_), None) => "PD 2P+2D".into(),
+            (Some(_), Some(b)) => format!("PD 2P+2D b{b}"),
         }
     }
 
@@ -66,7 +69,8 @@ pub const DEFAULT_ROUTER: &str = "min_ttft / kv-index";
 const ROUTERS: [&str; 3] = [DEFAULT_ROUTER, "cache_aware / inflight", "round_robin"];
 
 /// Least in-flight: the production `least_load` policy on this router's in-flight counts.
-pub const LEAST_INFLIGHT: DecodePolicy = DecodePolicy::Policy(Policy::LeastLoad, LoadSignal::Inflight);
+pub const LEAST_INFLIGHT: DecodePolicy =
+    DecodePolicy::Policy(Policy::LeastLoad, LoadSignal::Inflight);
 
 /// The decode policies S6 compares under the default prefill router.
 pub const DECODE_POLICIES: [DecodePolicy; 3] = [
@@ -82,22 +86,35 @@ fn router(label: &str) -> Variant {
         .expect("S6 compares routers of CACHE_VARIANTS")
 }
 
+/// A decode engine's batch when it may use its KV pool for decoding alone: twice the scenario's
+/// (S3's engines hold about 150 of its requests in KV).
+pub const WIDE_DECODE_BATCH: usize = 128;
+
 /// Every S6 row: each router on the aggregated fleet; each prefill router with `decode_load`; the
-/// other decode policies with the default prefill router.
+/// other decode policies with the default prefill router; and the default pair on decode engines
+/// of [`WIDE_DECODE_BATCH`].
 pub fn variants() -> Vec<PdVariant> {
-    let aggregated = ROUTERS.iter().map(|l| PdVariant {
-        decode: None,
-        router: router(l),
-    });
-    let prefill = ROUTERS.iter().map(|l| PdVariant {
-        decode: Some(DecodePolicy::DecodeLoad),
-        router: router(l),
-    });
-    let decode = DECODE_POLICIES[1..].iter().map(|&d| PdVariant {
-        decode: Some(d),
-        router: router(DEFAULT_ROUTER),
-    });
-    aggregated.chain(prefill).chain(decode).collect()
+    let row = |decode, label: &str| PdVariant {
+        decode,
+        router: router(label),
+        decode_batch: None,
+    };
+    let aggregated = ROUTERS.iter().map(|l| row(None, l));
+    let prefill = ROUTERS
+        .iter()
+        .map(|l| row(Some(DecodePolicy::DecodeLoad), l));
+    let decode = DECODE_POLICIES[1..]
+        .iter()
+        .map(|&d| row(Some(d), DEFAULT_ROUTER));
+    let wide = PdVariant {
+        decode_batch: Some(WIDE_DECODE_BATCH),
+        ..row(Some(DecodePolicy::DecodeLoad), DEFAULT_ROUTER)
+    };
+    aggregated
+        .chain(prefill)
+        .chain(decode)
+        .chain([wide])
+        .collect()
 }
 
 /// The simulator's configuration for `v`: the scenario's 4 engines, aggregated or split into
@@ -108,6 +125,7 @@ pub fn pd_config(s: &Scenario, v: &PdVariant, link: KvLink) -> SimConfig {
     if let Some(decode_policy) = v.decode {
         for m in &mut cfg.engines[PREFILL_ENGINES..] {
             *m = decode_engine(*m);
+            m.max_running_requests = v.decode_batch.unwrap_or(m.max_running_requests);
         }
         cfg.pd = Some(PdFleet {
             prefill: PREFILL_ENGINES,
@@ -187,7 +205,7 @@ fn ms(v: &[f64], p: f64) -> String {
 /// The rows as a table.
 pub fn table(rows: &[PdRow]) -> String {
     let mut s = format!(
-        "{:<13} {:<23} {:<15} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+        "{:<17} {:<23} {:<15} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
         "fleet",
         "router (prefill)",
         "decode",
@@ -205,7 +223,7 @@ pub fn table(rows: &[PdRow]) -> String {
         let waits = o.transfer_waits();
         let _ = writeln!(
             s,
-            "{:<13} {:<23} {:<15} {:>8.3}s {:>8.3}s {:>8.1}% {:>9} {:>9} {:>9} {:>9} {:>7.2}",
+            "{:<17} {:<23} {:<15} {:>8.3}s {:>8.3}s {:>8.1}% {:>9} {:>9} {:>9} {:>9} {:>7.2}",
             r.variant.fleet_label(),
             r.variant.router.label,
             r.variant.decode_label(),

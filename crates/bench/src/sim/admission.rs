@@ -19,9 +19,9 @@
 
 pub use loadlink_router::admission::rules::{gate, open, pick};
 
+use super::{Ev, Sim};
 use loadlink_router::admission::rules::queue_has_room;
 use loadlink_router::admission::{AdmissionConfig, Overload};
-use super::{Ev, Sim};
 use std::collections::VecDeque;
 
 /// How often the head of a replica's queue is re-priced (production polls every 5 ms).

@@ -17,9 +17,9 @@ impl Sim<'_> {
                 out.e2e.push(d - r.arrived);
                 let e = layout.engine_of(r.unit);
                 let prompt = arrivals[i].prompt_tokens;
-                let floor = *floors
-                    .entry((e, prompt))
-                    .or_insert_with(|| isolated_ttft(cfg.engines[e], prompt) + sim.pd_floor(prompt));
+                let floor = *floors.entry((e, prompt)).or_insert_with(|| {
+                    isolated_ttft(cfg.engines[e], prompt) + sim.pd_floor(prompt)
+                });
                 out.ttft_floor.push(floor);
                 let output = arrivals[i].output_tokens;
                 if output >= 2 {

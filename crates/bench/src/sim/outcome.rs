@@ -72,7 +72,10 @@ impl Outcome {
     /// Per PD request, seconds from its prefill's end to its KV's arrival at the decode engine
     /// (waiting for the link, and the transfer).
     pub fn transfer_waits(&self) -> Vec<f64> {
-        self.pd.iter().map(|p| p.transferred - p.prefilled).collect()
+        self.pd
+            .iter()
+            .map(|p| p.transferred - p.prefilled)
+            .collect()
     }
 
     /// Hit rate per tier, over the fleet's prompt tokens: (device, host); `None` when unknown.

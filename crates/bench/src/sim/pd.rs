@@ -50,7 +50,9 @@ impl DecodePolicy {
         match self {
             DecodePolicy::DecodeLoad => "decode_load".into(),
             DecodePolicy::Policy(Policy::RoundRobin, _) => "round_robin".into(),
-            DecodePolicy::Policy(Policy::LeastLoad, LoadSignal::Inflight) => "least_inflight".into(),
+            DecodePolicy::Policy(Policy::LeastLoad, LoadSignal::Inflight) => {
+                "least_inflight".into()
+            }
             DecodePolicy::Policy(p, s) => format!("{} / {}", p.as_str(), s.as_str()),
         }
     }
@@ -215,8 +217,8 @@ impl Sim<'_> {
         let mut view = FleetView::new(&self.books[r], signal, self.cfg.freshness_ms)
             .with_candidates(&pd.decode_list);
         view.now_ms = ms(t);
-        let batch = self.cfg.engines[pd.fleet.prefill.min(self.cfg.engines.len() - 1)]
-            .max_running_requests;
+        let batch =
+            self.cfg.engines[pd.fleet.prefill.min(self.cfg.engines.len() - 1)].max_running_requests;
         let pick = match policy {
             Some(p) => p.pick(&view, i as u64),
             None => decode_load(&view, i as u64, batch as f64),

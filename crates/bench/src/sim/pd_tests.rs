@@ -60,7 +60,11 @@ fn a_pd_request_is_prefilled_then_transferred_for_the_configured_time_then_decod
     lines.sort_by(|a, b| a.transferred.total_cmp(&b.transferred));
     let prefill = isolated_ttft(cfg.engines[0], PROMPT);
     let decode_step = isolated_ttft(cfg.engines[1], PROMPT);
-    assert!((lines[0].prefilled - prefill).abs() < 1e-9, "{:?} vs {prefill}", lines[0]);
+    assert!(
+        (lines[0].prefilled - prefill).abs() < 1e-9,
+        "{:?} vs {prefill}",
+        lines[0]
+    );
     let mut link_free = 0.0f64;
     for l in &lines {
         assert!(
@@ -73,7 +77,10 @@ fn a_pd_request_is_prefilled_then_transferred_for_the_configured_time_then_decod
         assert_eq!((l.prefill_engine, l.decode_engine), (0, 1));
         // The transfer starts when both the prefill and the link are done, and takes 0.5 s.
         let expected = l.prefilled.max(link_free) + 0.5;
-        assert!((l.transferred - expected).abs() < 1e-9, "{l:?}, link free at {link_free}");
+        assert!(
+            (l.transferred - expected).abs() < 1e-9,
+            "{l:?}, link free at {link_free}"
+        );
         link_free = l.transferred;
         // The decode engine computes no prompt: its first token comes a decode step after the KV
         // (a prefill of 2000 tokens takes 0.2 s on this hardware).
@@ -87,7 +94,10 @@ fn a_pd_request_is_prefilled_then_transferred_for_the_configured_time_then_decod
     assert!((lines[0].first - lines[0].transferred - decode_step).abs() < 1e-9);
     let mut ttft = out.ttft.clone();
     ttft.sort_by(f64::total_cmp);
-    assert!((ttft[0] - lines[0].first).abs() < 1e-9, "TTFT ends at the decode engine's first token");
+    assert!(
+        (ttft[0] - lines[0].first).abs() < 1e-9,
+        "TTFT ends at the decode engine's first token"
+    );
     assert_eq!(out.transfer_waits().len(), 2);
     // Only the prefill engine's admissions count toward the hit rate (the decode engine computes
     // no prompt); both prompts were unique.
@@ -106,8 +116,14 @@ fn transfers_of_a_prefill_engine_to_two_decode_engines_do_not_queue_on_one_link(
     });
     let out = simulate(&cfg, &[routed(0.0), routed(0.0)], 60.0);
     let decode: Vec<usize> = out.pd.iter().map(|l| l.decode_engine).collect();
-    assert!(decode.contains(&1) && decode.contains(&2), "round robin: {decode:?}");
+    assert!(
+        decode.contains(&1) && decode.contains(&2),
+        "round robin: {decode:?}"
+    );
     for l in &out.pd {
-        assert!((l.transferred - l.prefilled - 0.5).abs() < 1e-9, "own link: {l:?}");
+        assert!(
+            (l.transferred - l.prefilled - 0.5).abs() < 1e-9,
+            "own link: {l:?}"
+        );
     }
 }
