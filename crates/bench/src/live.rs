@@ -310,6 +310,7 @@ async fn run_variant(
         ttft: measured.iter().map(|r| r.0).collect(),
         e2e: measured.iter().map(|r| r.1).collect(),
         ttft_floor: measured.iter().map(|r| r.2).collect(),
+        tpot: measured.iter().filter_map(|r| r.3).collect(),
         completed: measured.len(),
         submitted: b.arrivals.len(),
         makespan,

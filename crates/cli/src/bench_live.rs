@@ -110,6 +110,9 @@ pub fn run(a: LiveArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     eprintln!();
     print!("{}", table(&rows));
+    if pd_prefill.is_some() {
+        print!("{}", loadlink_bench::scenario::pd::live_table(&rows));
+    }
     // The raw samples go in too, so `bench plot` can redraw without a rerun.
     let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
     // How busy the machine was (live figures move with it), and what any external router ran.

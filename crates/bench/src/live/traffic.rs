@@ -24,8 +24,9 @@ use crate::workload::Arrival;
 use loadlink_router::policy::mix;
 use std::time::{Duration, Instant};
 
-/// Per completed request: (TTFT, E2E, TTFT floor), in virtual seconds.
-pub(super) type Measured = Vec<(f64, f64, f64)>;
+/// Per completed request: (TTFT, E2E, TTFT floor, time per output token after the first, when
+/// it has two or more), in virtual seconds.
+pub(super) type Measured = Vec<(f64, f64, f64, Option<f64>)>;
 
 /// Where arrival `i` is sent: a router replica, or an engine for direct traffic.
 fn target(s: &Scenario, i: usize, a: &Arrival, engines: &[String], routers: &[String]) -> String {
@@ -170,12 +171,16 @@ pub(super) async fn drive(
         let named = (openai_model, cfg.adapter_field);
         let (c, body) = (client.clone(), body(a, i, named));
         let pair = pd.filter(|_| a.direct).cloned();
+        let later_tokens = a.output_tokens.saturating_sub(1);
         tasks.push(tokio::spawn(async move {
             let sent = match pair {
                 Some(sides) => send_pair(c, at, (&sides, i), body).await,
                 None => send_one(c, at, url, body).await,
             };
-            sent.map(|(ttft, e2e)| (ttft * k, e2e * k, floor))
+            sent.map(|(ttft, e2e)| {
+                let tpot = (later_tokens > 0).then(|| (e2e - ttft) * k / later_tokens as f64);
+                (ttft * k, e2e * k, floor, tpot)
+            })
         }));
     }
     let (n, mut measured) = (tasks.len(), Measured::new());

@@ -184,8 +184,6 @@ pub fn rows_json(rows: &[PdRow]) -> Vec<Value> {
             let waits = o.transfer_waits();
             j["fleet"] = json!(r.variant.fleet_label());
             j["decode_policy"] = json!(r.variant.decode.map(DecodePolicy::label));
-            j["tpot_p50_s"] = json!(quantile(&o.tpot, 0.5));
-            j["tpot_p99_s"] = json!(quantile(&o.tpot, 0.99));
             j["transfer_wait_p50_s"] = json!((!waits.is_empty()).then(|| quantile(&waits, 0.5)));
             j["transfer_wait_p99_s"] = json!((!waits.is_empty()).then(|| quantile(&waits, 0.99)));
             j
@@ -235,6 +233,33 @@ pub fn table(rows: &[PdRow]) -> String {
             ms(&waits, 0.5),
             ms(&waits, 0.99),
             o.completed as f64 / o.makespan.max(1e-9),
+        );
+    }
+    s
+}
+
+/// A live S6 run's rows: TTFT, the prefill engines' cache hit rate and time per output token.
+pub fn live_table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<40} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
+        "router", "TTFT p50", "TTFT p99", "cache hit", "TPOT p50", "TPOT p99", "completed"
+    );
+    for r in rows {
+        let o = &r.outcome;
+        let hit = o
+            .cache_hit_rate()
+            .map_or_else(|| "?".into(), |h| format!("{:.1}%", h * 100.0));
+        let _ = writeln!(
+            s,
+            "{:<40} {:>8.3}s {:>8.3}s {:>9} {:>9} {:>9} {:>5}/{:<4}",
+            r.label,
+            quantile(&o.ttft, 0.5),
+            quantile(&o.ttft, 0.99),
+            hit,
+            ms(&o.tpot, 0.5),
+            ms(&o.tpot, 0.99),
+            o.completed,
+            o.submitted,
         );
     }
     s
