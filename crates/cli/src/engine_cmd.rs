@@ -122,6 +122,29 @@ pub struct EngineArgs {
     /// synchronously).
     #[arg(long, default_value_t = loadlink_engine::served::DEFAULT_LORA_LOAD_TIME_S)]
     lora_load_time: f64,
+    /// Prefill–decode disaggregation role: null (serve whole requests), prefill (prefill only,
+    /// then hold the KV until the request's decode engine has it; answer one token) or decode
+    /// (wait for the KV from the prefill engine named by the request's bootstrap_host and
+    /// bootstrap_port, then decode). PD engines refuse requests without bootstrap_room (400).
+    #[arg(long, default_value = "null", value_parser = loadlink_engine::PdMode::parse)]
+    disaggregation_mode: loadlink_engine::PdMode,
+    /// Prefill engines: the TCP port of the bootstrap server decode engines dial, bound on
+    /// --host and advertised in /server_info (0: pick a free port and advertise it). The engine
+    /// refuses to start if it cannot bind it.
+    #[arg(long, default_value_t = loadlink_engine::pd::DEFAULT_BOOTSTRAP_PORT)]
+    disaggregation_bootstrap_port: u16,
+    /// Simulated KV link bandwidth between prefill and decode engines, GB/s: a transfer takes
+    /// prompt tokens × --kv-bytes-per-token ÷ (this × 1e9) seconds (÷ --time-scale).
+    #[arg(long, default_value_t = 25.0)]
+    kv_transfer_gb_s: f64,
+    /// KV cache bytes per token, for transfer times.
+    #[arg(long, default_value_t = loadlink_engine::pd::DEFAULT_KV_BYTES_PER_TOKEN)]
+    kv_bytes_per_token: u64,
+    /// Seconds a decode engine waits for a request's KV, and a prefill engine for the request's
+    /// decode engine to register, before failing it (a 500 in SGLang's error shape; streamed:
+    /// an error event, then [DONE]).
+    #[arg(long, default_value_t = 30.0)]
+    disaggregation_timeout: f64,
     /// Stop after this many seconds (0: until SIGINT or SIGTERM).
     #[arg(long, default_value_t = 0.0, value_parser = crate::seconds::run_duration)]
     duration: f64,
@@ -164,6 +187,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
         );
     }
     let served = Served::of(&a)?;
+    let pd = pd_config(&a)?;
     let cfg = EngineConfig {
         host: a.host,
         port: a.port,
@@ -199,6 +223,7 @@ pub fn run(a: EngineArgs) -> Result<()> {
         publish_point: a.publish_point,
         flavor: a.flavor,
         kv_epoch_in_topic: a.kv_epoch_in_topic,
+        pd,
     };
     let rt = crate::runtime()?;
     rt.block_on(async move {
@@ -213,6 +238,35 @@ pub fn run(a: EngineArgs) -> Result<()> {
         let timeout = std::time::Duration::from_secs_f64(a.drain_timeout);
         engine.drain(delay, timeout).await;
         Ok(())
+    })
+}
+
+/// The disaggregation flags, checked.
+fn pd_config(a: &EngineArgs) -> Result<loadlink_engine::PdConfig> {
+    if !a.kv_transfer_gb_s.is_finite() || a.kv_transfer_gb_s <= 0.0 {
+        anyhow::bail!(
+            "--kv-transfer-gb-s must be a positive number of GB/s, got {}",
+            a.kv_transfer_gb_s
+        );
+    }
+    if a.kv_bytes_per_token == 0 {
+        anyhow::bail!("--kv-bytes-per-token must be at least 1");
+    }
+    if !a.disaggregation_timeout.is_finite()
+        || a.disaggregation_timeout <= 0.0
+        || a.disaggregation_timeout > 86_400.0
+    {
+        anyhow::bail!(
+            "--disaggregation-timeout must be seconds in (0, 86400], got {}",
+            a.disaggregation_timeout
+        );
+    }
+    Ok(loadlink_engine::PdConfig {
+        mode: a.disaggregation_mode,
+        bootstrap_port: a.disaggregation_bootstrap_port,
+        kv_transfer_gb_s: a.kv_transfer_gb_s,
+        kv_bytes_per_token: a.kv_bytes_per_token,
+        timeout: std::time::Duration::from_secs_f64(a.disaggregation_timeout),
     })
 }
 
@@ -310,6 +364,42 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((s.lora.max_loaded, s.lora.load_time_s), (2, 0.0));
+    }
+
+    #[test]
+    fn disaggregation_flags() {
+        let pd = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("engine").chain(args.iter().copied()))
+                .map_err(anyhow::Error::from)?;
+            pd_config(&cli.engine)
+        };
+        let d = pd(&[]).unwrap();
+        assert_eq!(d, loadlink_engine::PdConfig::default());
+        let p = pd(&[
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            "0",
+            "--kv-transfer-gb-s",
+            "1.5",
+            "--disaggregation-timeout",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                p.mode,
+                p.bootstrap_port,
+                p.kv_transfer_gb_s,
+                p.timeout.as_secs()
+            ),
+            (loadlink_engine::PdMode::Prefill, 0, 1.5, 2)
+        );
+        let err = |args: &[&str]| pd(args).unwrap_err().to_string();
+        assert!(err(&["--disaggregation-mode", "both"]).contains("prefill or decode"));
+        assert!(err(&["--kv-transfer-gb-s", "0"]).contains("--kv-transfer-gb-s"));
+        assert!(err(&["--disaggregation-timeout", "0"]).contains("--disaggregation-timeout"));
+        assert!(err(&["--kv-bytes-per-token", "0"]).contains("--kv-bytes-per-token"));
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct GenRequest {
     /// `extra_key`.
     pub cache_salt: Option<String>,
     pub extra_key: Option<String>,
+    /// Prefill–decode disaggregation's fields (`bootstrap_*`, `rid`).
+    pub bootstrap: crate::pd::fields::BootstrapFields,
 }
 
 /// The body fields that select an adapter and a cache namespace, on every route.
@@ -142,6 +144,7 @@ pub fn parse_completions(body: &[u8]) -> Result<GenRequest, String> {
         lora_path: sc.lora_path,
         cache_salt: sc.cache_salt,
         extra_key: sc.extra_key,
+        bootstrap: crate::pd::fields::parse(&m)?,
     })
 }
 
@@ -167,6 +170,7 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, String> {
         lora_path: sc.lora_path,
         cache_salt: sc.cache_salt,
         extra_key: sc.extra_key,
+        bootstrap: crate::pd::fields::parse(&m)?,
     })
 }
 
@@ -196,6 +200,7 @@ pub fn parse_generate(body: &[u8]) -> Result<GenRequest, String> {
         lora_path: sc.lora_path,
         cache_salt: sc.cache_salt,
         extra_key: sc.extra_key,
+        bootstrap: crate::pd::fields::parse(&m)?,
     })
 }
 

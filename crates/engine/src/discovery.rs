@@ -128,6 +128,13 @@ pub(crate) async fn server_info(State(st): State<Arc<AppState>>) -> Response {
         "kv_events": kv,
         // Why there is no load range, when there is none (null when publishing or quietly off).
         "load_publish_decline_reason": st.settings.load_range().err().flatten(),
+        // Prefill–decode disaggregation, SGLang's keys: the role, and the bootstrap port bound
+        // (null unless prefill); the link's simulated figures are loadlink's.
+        "disaggregation_mode": c.pd.mode.as_str(),
+        "disaggregation_bootstrap_port": st.pd.bound_port,
+        "disaggregation_timeout_s": c.pd.timeout.as_secs_f64(),
+        "kv_transfer_gb_s": c.pd.kv_transfer_gb_s,
+        "kv_bytes_per_token": c.pd.kv_bytes_per_token,
     });
     if let (Some(info), Value::Object(served)) = (info.as_object_mut(), served_keys(&st)) {
         info.extend(served);
@@ -148,7 +155,7 @@ pub(crate) async fn model_info(State(st): State<Arc<AppState>>) -> Response {
         "load_format": "auto",
         "reasoning_parser": null,
         "tool_call_parser": null,
-        "disaggregation_mode": "null",
+        "disaggregation_mode": st.cfg.pd.mode.as_str(),
         "has_image_understanding": false,
         "has_audio_understanding": false,
         "model_type": null,

@@ -36,6 +36,8 @@ pub struct Engine {
     state: Arc<AppState>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// The prefill side's bootstrap server (prefill mode only).
+    bootstrap: Option<crate::pd::server::BootstrapServer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +55,14 @@ pub enum EngineError {
     Shm { path: String, reason: String },
     #[error("served models: {0}")]
     Served(String),
+    #[error(
+        "binding the disaggregation bootstrap port {addr} (--disaggregation-bootstrap-port; 0 \
+         picks a free one): {source}"
+    )]
+    Bootstrap {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 impl Engine {
@@ -83,6 +93,7 @@ impl Engine {
         let local = listener
             .local_addr()
             .map_err(|source| EngineError::Bind { addr, source })?;
+        let (bootstrap_listener, bound_port) = bind_bootstrap(&cfg).await?;
         // Housekeeping of /dev/shm: a directory scan, kept off the executor.
         let _ = tokio::task::spawn_blocking(remove_stale_slots).await;
         let instance = loadlink_wire::shm::engine_instance(local.port(), std::process::id());
@@ -105,6 +116,15 @@ impl Engine {
             }
         };
         log_endpoints(&cfg, &settings, local);
+        for r in &ranks {
+            if let Ok(mut s) = r.scheduler.lock() {
+                s.set_disaggregation(cfg.pd.mode, cfg.pd.kv_transfer_gb_s);
+            }
+        }
+        let pd = pd_state(&cfg, bound_port);
+        let bootstrap = bootstrap_listener.map(|l| {
+            crate::pd::server::BootstrapServer::start(l, pd.rooms.clone(), cfg.pd.timeout)
+        });
         let cfg_ranks = ranks.len();
         let state = Arc::new(AppState {
             dispatcher: Dispatcher::new(ranks.len(), Some(shm)),
@@ -120,6 +140,7 @@ impl Engine {
             rank_requests: (0..cfg_ranks).map(|_| Default::default()).collect(),
             model_requests: served.labels().map(|_| AtomicU64::new(0)).collect(),
             served,
+            pd,
         });
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());
@@ -140,11 +161,17 @@ impl Engine {
             state,
             shutdown: Some(tx),
             server: Some(server),
+            bootstrap,
         })
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The disaggregation bootstrap port bound (prefill engines only).
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.state.pd.bound_port
     }
 
     /// Requests accepted but not yet finished or aborted.
@@ -190,6 +217,9 @@ impl Engine {
                 }
             }
         }
+        if let Some(b) = self.bootstrap.take() {
+            b.stop();
+        }
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || state.ranks.iter().for_each(RankHandle::stop))
             .await;
@@ -202,6 +232,49 @@ impl Drop for Engine {
     /// (its future dropped), or an engine dropped without a stop.
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.state.shm_path);
+    }
+}
+
+/// A prefill engine's bootstrap listener, bound on the engine's host (and the port it got).
+async fn bind_bootstrap(
+    cfg: &EngineConfig,
+) -> Result<(Option<tokio::net::TcpListener>, Option<u16>), EngineError> {
+    if cfg.pd.mode != crate::pd::PdMode::Prefill {
+        return Ok((None, None));
+    }
+    let addr = format!("{}:{}", cfg.host, cfg.pd.bootstrap_port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| EngineError::Bootstrap {
+            addr: addr.clone(),
+            source,
+        })?;
+    let port = listener
+        .local_addr()
+        .map_err(|source| EngineError::Bootstrap { addr, source })?
+        .port();
+    tracing::info!("disaggregation bootstrap server on {}:{port}", cfg.host);
+    Ok((Some(listener), Some(port)))
+}
+
+/// The handlers' disaggregation state.
+fn pd_state(cfg: &EngineConfig, bound_port: Option<u16>) -> crate::pd::PdState {
+    let outcomes: Arc<[AtomicU64; 3]> = Arc::default();
+    crate::pd::PdState {
+        cfg: cfg.pd,
+        bound_port,
+        rooms: Arc::new(crate::pd::rooms::Rooms::new(
+            cfg.pd,
+            cfg.time_scale,
+            outcomes.clone(),
+        )),
+        client: Default::default(),
+        outcomes,
+        time_scale: if cfg.time_scale > 0.0 {
+            cfg.time_scale
+        } else {
+            1.0
+        },
     }
 }
 

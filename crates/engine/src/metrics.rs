@@ -213,11 +213,51 @@ pub(crate) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     cache_families(&mut page, &st);
     model_families(&mut page, &st);
     publish_family(&mut page, &st);
+    pd_families(&mut page, &st);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         page.finish(),
     )
         .into_response()
+}
+
+loadlink_wire::label_set! {
+    /// The labels of `loadlink_engine_pd_rooms_total`.
+    struct RoomLabels { role: &'static str, outcome: &'static str }
+}
+
+loadlink_wire::label_set! {
+    /// The label of `loadlink_engine_pd_rooms_waiting`.
+    struct Role { role: &'static str }
+}
+
+/// Disaggregation (PD engines only): rooms ended per outcome, and rooms waiting now (prefill:
+/// requests whose KV is not sent yet; decode: requests waiting for their KV).
+fn pd_families(page: &mut Exposition, st: &AppState) {
+    let mode = st.cfg.pd.mode;
+    if mode == crate::pd::PdMode::Null {
+        return;
+    }
+    let role = mode.as_str();
+    let mut family = page.family(
+        "loadlink_engine_pd_rooms_total",
+        MetricType::Counter,
+        "Disaggregated requests (rooms) ended on this engine, by outcome: transferred (the KV was          sent, prefill, or arrived, decode), failed (the peer failed it or its connection was          lost), timeout (--disaggregation-timeout)",
+    );
+    for o in crate::pd::Outcome::ALL {
+        let labels = RoomLabels {
+            role,
+            outcome: o.label(),
+        };
+        family.sample(&labels, st.pd.outcomes[o as usize].load(Ordering::Relaxed));
+    }
+    drop(family);
+    let mut family = page.family(
+        "loadlink_engine_pd_rooms_waiting",
+        MetricType::Gauge,
+        "Disaggregated requests waiting now (prefill: KV not sent yet; decode: KV not arrived yet)",
+    );
+    family.sample(&Role { role }, st.pd.waiting());
 }
 
 /// `loadlink_publish_total{rank,sink,outcome}`: every sink's outcomes, KV events included.

@@ -29,6 +29,19 @@ pub enum Command {
     Abort(u64),
     /// Drop every cached page no running request holds (SGLang's `/flush_cache`).
     FlushCache,
+    /// Disaggregation: the decode side of prefill request `id` registered for its KV.
+    PeerRegistered(u64),
+    /// Disaggregation: prefill request `id`'s KV was sent, `latency_s` after its prefill; it
+    /// finishes now with its one token.
+    TransferDone {
+        id: u64,
+        latency_s: f64,
+    },
+    /// Disaggregation: decode request `id`'s KV arrived, `latency_s` after it was asked for.
+    KvArrived {
+        id: u64,
+        latency_s: f64,
+    },
     Stop,
 }
 
@@ -239,6 +252,7 @@ impl<S: LoadSource> RankLoop<S> {
     /// Takes in `commands`, then schedules the next step. `None`: stop (the sinks are closed).
     pub fn begin(&mut self, commands: impl IntoIterator<Item = Command>) -> Option<Step> {
         let (mut arrived, mut flushed) = (false, false);
+        let mut finished = Vec::new();
         {
             let mut sched = self.sched.lock().ok()?;
             for cmd in commands {
@@ -256,6 +270,15 @@ impl<S: LoadSource> RankLoop<S> {
                         sched.flush_cache();
                         flushed = true;
                     }
+                    Command::PeerRegistered(id) => {
+                        sched.peer_registered(id);
+                    }
+                    Command::TransferDone { id, latency_s } => {
+                        finished.extend(sched.finish_transfer(id, latency_s));
+                    }
+                    Command::KvArrived { id, latency_s } => {
+                        arrived |= sched.kv_arrived(id, latency_s);
+                    }
                     Command::Stop => {
                         drop(sched);
                         self.publisher.close();
@@ -267,8 +290,17 @@ impl<S: LoadSource> RankLoop<S> {
                 }
             }
         } // The source locks the scheduler itself.
+        // A finished transfer cached its prompt: announced like a flush, even if no step follows.
+        flushed |= !finished.is_empty();
+        for e in finished {
+            if let Event::Finished { id, .. } = e
+                && let Some(client) = self.clients.remove(&id)
+            {
+                let _ = client.send(e);
+            }
+        }
         if flushed {
-            self.cache_changes(); // announce the flush even if no step follows
+            self.cache_changes(); // announce the change even if no step follows
         }
         self.on(CycleEvent::Ingest { arrived });
         let now = (self.virtual_now)();

@@ -111,7 +111,7 @@ impl Reply {
         json!({ "prompt_tokens": self.prompt_tokens, "completion_tokens": completion, "total_tokens": self.prompt_tokens + completion })
     }
 
-    fn final_json(&self, completion: u64) -> Value {
+    pub(crate) fn final_json(&self, completion: u64) -> Value {
         let text = TOKEN_TEXT.repeat(completion as usize);
         match self.req.route {
             Route::Completions => json!({
@@ -136,7 +136,7 @@ impl Reply {
     }
 
     /// One SSE event carrying `n` new tokens (`done`: the last event before `[DONE]`).
-    fn chunk(&self, n: u64, total: u64, done: bool) -> String {
+    pub(crate) fn chunk(&self, n: u64, total: u64, done: bool) -> String {
         let finish = if done { json!("length") } else { Value::Null };
         let text = TOKEN_TEXT.repeat(n as usize);
         let v = match self.req.route {

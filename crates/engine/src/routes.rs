@@ -6,6 +6,7 @@
 use crate::api::{GenRequest, Route, parse_chat, parse_completions, parse_generate};
 use crate::flavor::Flavor;
 use crate::model::Submit;
+use crate::pd::respond::{self as pd, Plan};
 use crate::rank::{Command, wall_now};
 use crate::reply::{
     AbortGuard, Reply, error, json_response, refused, stream_error, stream_response,
@@ -87,13 +88,20 @@ pub(crate) async fn generate(
             return refused(&refusal, req.route, req.stream);
         }
     };
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let plan = match pd::plan(&st.cfg.pd, &req, id) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
     let (rank, from) = match place(&st, &headers, &req) {
         Ok(placed) => placed,
         Err(r) => return *r,
     };
-    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = unbounded_channel();
-    let submit = scoped(&st, &req, selection, id);
+    let mut submit = scoped(&st, &req, selection, id).with_disagg(plan.disagg());
+    if plan == Plan::LocalOneToken {
+        submit.max_new_tokens = 1;
+    }
     let prompt_tokens = submit.prompt_tokens;
     let commands = st.ranks[rank].commands.clone();
     if commands.send(Command::Submit(submit, tx)).is_err() {
@@ -121,10 +129,15 @@ pub(crate) async fn generate(
         created: wall_now() as u64,
         prompt_tokens,
     };
-    if reply.req.stream {
-        stream_response(reply, rx, guard)
-    } else {
-        json_response(reply, rx, guard).await
+    match plan {
+        Plan::Prefill { room } => pd::prefill(st.clone(), room, reply, rx, guard).await,
+        Plan::Decode {
+            addr,
+            room,
+            dp_rank,
+        } => pd::decode(st.clone(), (addr, room, dp_rank), reply, rx, guard).await,
+        _ if reply.req.stream => stream_response(reply, rx, guard),
+        _ => json_response(reply, rx, guard).await,
     }
 }
 

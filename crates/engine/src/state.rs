@@ -45,6 +45,8 @@ pub struct EngineConfig {
     pub flavor: Flavor,
     /// Append `\0sgl-kv-epoch={epoch}` to the KV-event topic frame (`--kv-epoch-in-topic`).
     pub kv_epoch_in_topic: bool,
+    /// Prefill–decode disaggregation (`--disaggregation-mode` and its settings).
+    pub pd: crate::pd::PdConfig,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +69,7 @@ impl Default for EngineConfig {
             publish_point: PublishPoint::default(),
             flavor: Flavor::default(),
             kv_epoch_in_topic: true,
+            pd: crate::pd::PdConfig::default(),
         }
     }
 }
@@ -90,6 +93,8 @@ pub(crate) struct AppState {
     pub(crate) served: Served,
     /// Requests per `model` label ([`Served::labels`]).
     pub(crate) model_requests: Vec<AtomicU64>,
+    /// Prefill–decode disaggregation: rooms, connections, outcomes.
+    pub(crate) pd: crate::pd::PdState,
 }
 
 /// How a request's rank was chosen (the `rank_from` label of

@@ -31,6 +31,8 @@
 //!   counters, and a restart on the same port under other names.
 //! * [`fleet_models`]: a router's side of a fleet of models: requests for a model on any route
 //!   (read to their end), the admin API, and the router's `/v1/models` by model and worker.
+//! * [`pd_engines`]: prefill–decode fleets of real engines (N prefill, M decode), the
+//!   bootstrap fields a router adds, and the engines' room counters.
 //! * [`metrics`]: fetches a `/metrics` page and parses it with the strict
 //!   [`loadlink_wire::prom::parse`], so every metrics read also checks the format.
 
@@ -46,6 +48,7 @@ pub mod kv;
 pub mod kv_snapshot;
 pub mod kv_sync;
 pub mod metrics;
+pub mod pd_engines;
 pub mod polled_worker;
 pub mod pub_sink;
 pub mod rank_worker;

@@ -22,16 +22,23 @@
 //! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch` (+ load-back
 //!   and adapter-load time), where prefill tokens are the uncached ones.
 //!
+//! * **prefill–decode disaggregation** (`pd.rs`): a prefill engine's request, once prefilled,
+//!   holds its KV in the transfer queue until the KV has been sent, and then finishes with its
+//!   first token; a decode engine's request waits without KV until its KV has arrived, and is
+//!   then admitted straight into decode (its prompt counted in KV usage, no prefill compute).
+//!
 //! No I/O and no clock: [`Scheduler::step`] takes `now` (seconds) and returns how long the step
 //! takes and what happened, so the engine drives it in real time and benchmarks in virtual time.
 
 mod lora;
+mod pd;
 mod pool;
 mod request;
 mod snapshot;
 
 pub use lora::LoraConfig;
-pub use request::{Event, Step, StepKind, Submit};
+pub use pd::PdMode;
+pub use request::{Disagg, Event, Step, StepKind, Submit};
 
 use crate::host_tier::HostTierConfig;
 use crate::radix::{PageChain, PathLock, PrefixCache};
@@ -117,6 +124,10 @@ struct Req {
     loaded: u64,
     /// Its LoRA adapter (an index into the engine's table), `None` for the base model.
     adapter: Option<u32>,
+    /// Its part in prefill–decode disaggregation.
+    disagg: Disagg,
+    /// A prefill request: whether its decode side has registered for the KV.
+    registered: bool,
 }
 
 impl Req {
@@ -164,6 +175,8 @@ pub struct Scheduler {
     now: f64,
     cache: PrefixCache,
     adapters: lora::Adapters,
+    /// The disaggregation queues (empty unless requests ask for it).
+    pd: pd::PdQueues,
 }
 
 impl Scheduler {
@@ -188,6 +201,7 @@ impl Scheduler {
             cache: PrefixCache::new(cfg.page_size, record_events)
                 .with_host_tier(cfg.host_tier.tokens),
             adapters: lora::Adapters::default(),
+            pd: pd::PdQueues::default(),
         }
     }
 
@@ -204,7 +218,7 @@ impl Scheduler {
         });
         let prompt = tokens.as_ref().map_or(s.prompt_tokens, |t| t.len() as u64);
         let queued_hit = self.cache.matched_tokens(&chain);
-        self.waiting.push_back(Req {
+        let req = Req {
             id: s.id,
             prompt: prompt.max(1),
             max_new: s.max_new_tokens.max(1),
@@ -218,13 +232,23 @@ impl Scheduler {
             lock: PathLock::default(),
             loaded: 0,
             adapter: s.adapter,
-        });
+            disagg: s.disagg,
+            registered: false,
+        };
+        match req.disagg {
+            Disagg::Decode => self.pd.awaiting.push(req),
+            Disagg::Local | Disagg::Prefill => self.waiting.push_back(req),
+        }
     }
 
     /// Removes a request wherever it is and frees its KV. Returns whether it was known.
     pub fn abort(&mut self, id: u64) -> bool {
         if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
             self.waiting.remove(i);
+            return true;
+        }
+        if let Some(found) = self.pd.remove(id) {
+            self.cache.unlock(found.lock);
             return true;
         }
         let req = if self.chunked.as_ref().is_some_and(|r| r.id == id) {
@@ -255,24 +279,38 @@ impl Scheduler {
         self.retractions
     }
 
+    /// Nothing to compute (requests waiting for a KV transfer need an outside event first).
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty() && self.chunked.is_none()
+        self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.chunked.is_none()
+            && self.pd.arrived.is_empty()
     }
 
-    /// Runs one scheduler iteration starting at `now` (seconds).
+    /// Runs one scheduler iteration starting at `now` (seconds). Requests whose KV arrived from
+    /// a prefill engine are admitted first (their first token is announced with this step).
     pub fn step(&mut self, now: f64) -> Step {
         self.now = now;
-        if let Some(step) = self.prefill_step() {
-            return step;
+        let admitted = self.admit_arrived();
+        let mut step = if let Some(step) = self.prefill_step() {
+            step
+        } else if !self.running.is_empty() {
+            self.decode_step()
+        } else {
+            Step {
+                kind: StepKind::Idle,
+                duration: 0.0,
+                events: Vec::new(),
+            }
+        };
+        if !admitted.is_empty() {
+            if step.kind == StepKind::Idle {
+                // Admissions that finished at once: a step of no compute that carries them.
+                step.kind = StepKind::Decode;
+            }
+            step.events.splice(0..0, admitted);
         }
-        if !self.running.is_empty() {
-            return self.decode_step();
-        }
-        Step {
-            kind: StepKind::Idle,
-            duration: 0.0,
-            events: Vec::new(),
-        }
+        step
     }
 
     /// The next request to prefill, with the µs its adapter's load costs: the chunked one, else
@@ -340,6 +378,11 @@ impl Scheduler {
                 req.generated = 1;
             }
             req.retracted = false;
+            if req.disagg == Disagg::Prefill {
+                // Its KV now waits for the transfer to its decode engine.
+                self.pd.transfer.push(req);
+                continue;
+            }
             if req.generated >= req.max_new {
                 events.push(Event::Finished {
                     id: req.id,
@@ -439,5 +482,7 @@ mod host_tier_tests;
 mod lora_tests;
 #[cfg(test)]
 mod namespace_tests;
+#[cfg(test)]
+mod pd_tests;
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,7 @@ impl Scheduler {
     /// Own KV of the admitted requests (running and chunked).
     fn private_tokens(&self) -> u64 {
         self.running.iter().map(Req::private_kv).sum::<u64>()
+            + self.pd.transfer.iter().map(Req::private_kv).sum::<u64>()
             + self.chunked.as_ref().map_or(0, Req::private_kv)
     }
 
@@ -39,11 +40,11 @@ impl Scheduler {
         }
     }
 
-    fn reservation(&self, r: &Req) -> u64 {
+    pub(super) fn reservation(&self, r: &Req) -> u64 {
         ((r.max_new - r.generated.min(r.max_new)) as f64 * self.cfg.new_token_ratio).ceil() as u64
     }
 
-    fn reserved_tokens(&self) -> u64 {
+    pub(super) fn reserved_tokens(&self) -> u64 {
         self.running.iter().map(|q| self.reservation(q)).sum()
     }
 
@@ -94,7 +95,7 @@ impl Scheduler {
         (lock, hit, loaded)
     }
 
-    fn record_hit(&mut self, hit: u64, prompt: u64) {
+    pub(super) fn record_hit(&mut self, hit: u64, prompt: u64) {
         self.stats.hit_tokens += hit;
         self.stats.prompt_tokens += prompt;
         let now = self.now;

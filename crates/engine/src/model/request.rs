@@ -21,6 +21,24 @@ pub struct Submit {
     /// namespaces' and how its KV events hash them ([`crate::page_chain`]). A request with an
     /// adapter should name it here too (`Namespace::lora`), as SGLang's `extra_key` carries it.
     pub namespace: Option<Arc<Namespace>>,
+    /// Its part in prefill–decode disaggregation ([`Disagg::Local`]: none).
+    pub disagg: Disagg,
+}
+
+/// A request's part in prefill–decode disaggregation: where its prompt KV is computed and where
+/// it goes. The sockets that move the KV live outside the model; the model only knows which
+/// queue the request waits in and what KV it holds there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Disagg {
+    /// Prefilled and decoded here (no disaggregation).
+    #[default]
+    Local,
+    /// Prefilled here; then its KV stays held in the transfer ("inflight") queue until
+    /// [`super::Scheduler::finish_transfer`], which finishes it with its one (first) token.
+    Prefill,
+    /// Its prompt KV comes from a prefill engine: it waits without KV until
+    /// [`super::Scheduler::kv_arrived`], then is admitted straight into decode (no prefill).
+    Decode,
 }
 
 impl Submit {
@@ -33,6 +51,7 @@ impl Submit {
             prompt: None,
             adapter: None,
             namespace: None,
+            disagg: Disagg::Local,
         }
     }
 
@@ -45,12 +64,19 @@ impl Submit {
             prompt: Some(prompt),
             adapter: None,
             namespace: None,
+            disagg: Disagg::Local,
         }
     }
 
     /// The same request, run with adapter `adapter` (an index into the engine's adapter table).
     pub fn with_adapter(mut self, adapter: u32) -> Self {
         self.adapter = Some(adapter);
+        self
+    }
+
+    /// The same request, with part `disagg` in prefill–decode disaggregation.
+    pub fn with_disagg(mut self, disagg: Disagg) -> Self {
+        self.disagg = disagg;
         self
     }
 

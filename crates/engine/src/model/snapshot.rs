@@ -97,6 +97,7 @@ impl Scheduler {
                 token_capacity: cap as i64,
             }),
             lora: self.lora_metrics(),
+            disaggregation: self.disaggregation_metrics(),
             queues: Some(QueueMetrics {
                 waiting: self.num_waiting() as i64,
                 retracted: self.waiting.iter().filter(|r| r.retracted).count() as i64,
