@@ -36,7 +36,7 @@ mod ranks;
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, isolated_ttft, quantile};
-pub use pd::{DecodePolicy, KvLink, PdFleet, PdTimeline, decode_engine};
+pub use pd::{DecodePolicy, KvLink, PdFleet, PdTimeline, first_decode_step};
 pub use ranks::RankRouting;
 
 use crate::workload::Arrival;
@@ -474,6 +474,7 @@ pub fn simulate_with_queues(
             .pd
             .map(|f| pd::PdState::new(f, layout.engines, arrivals.len())),
     };
+    sim.set_pd_modes();
     sim.run();
     sim.finish()
 }

@@ -15,9 +15,11 @@ use std::path::Path;
 pub fn run(s: &Scenario, seed: u64, load: f64, out: &Path) -> Result<()> {
     let link = KvLink::DEFAULT;
     println!(
-        "PD fleet: {} prefill + {} decode engines; KV {} bytes/token over {} GB/s per pair",
+        "PD fleets: {} prefill + {} decode engines (and 1 + {}); KV {} bytes/token over {} GB/s \
+         per (prefill, decode) pair",
         pd::PREFILL_ENGINES,
         s.engines - pd::PREFILL_ENGINES,
+        s.engines - 1,
         link.bytes_per_token,
         link.gb_s
     );

@@ -10,8 +10,7 @@
 use super::{CACHE_VARIANTS, Scenario, Variant, arrivals, sim_config};
 use crate::report::{Row, row_json};
 use crate::sim::{
-    DecodePolicy, KvLink, Outcome, PdFleet, SimConfig, decode_engine, quantile,
-    simulate_with_queues,
+    DecodePolicy, KvLink, Outcome, PdFleet, SimConfig, quantile, simulate_with_queues,
 };
 use crate::workload::Arrival;
 use loadlink_router::{LoadSignal, Policy};
@@ -20,6 +19,9 @@ use std::fmt::Write;
 
 /// Prefill engines of S6's PD fleet (the rest of its 4 engines decode).
 pub const PREFILL_ENGINES: usize = 2;
+
+/// S6's engines, either fleet (S3's).
+pub const ENGINES: usize = 4;
 
 /// One S6 row: the fleet (aggregated, or PD with its decode policy) and the (prefill) router.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,15 +32,18 @@ pub struct PdVariant {
     pub router: Variant,
     /// The decode engines' `max_running_requests` (`None`: the scenario's, as every engine's).
     pub decode_batch: Option<usize>,
+    /// Prefill engines of a PD fleet (the rest of the scenario's engines decode).
+    pub prefill: usize,
 }
 
 impl PdVariant {
     /// `aggregated 4`, `PD 2P+2D`, or `PD 2P+2D b128` for a decode batch of its own.
     pub fn fleet_label(&self) -> String {
+        let split = format!("PD {}P+{}D", self.prefill, ENGINES - self.prefill);
         match (self.decode, self.decode_batch) {
-            (None, _) => "aggregated 4".into(),
-            (Some(_), None) => "PD 2P+2D".into(),
-            (Some(_), Some(b)) => format!("PD 2P+2D b{b}"),
+            (None, _) => format!("aggregated {ENGINES}"),
+            (Some(_), None) => split,
+            (Some(_), Some(b)) => format!("{split} b{b}"),
         }
     }
 
@@ -91,13 +96,15 @@ fn router(label: &str) -> Variant {
 pub const WIDE_DECODE_BATCH: usize = 128;
 
 /// Every S6 row: each router on the aggregated fleet; each prefill router with `decode_load`; the
-/// other decode policies with the default prefill router; and the default pair on decode engines
-/// of [`WIDE_DECODE_BATCH`].
+/// other decode policies with the default prefill router; then the default pair on decode engines
+/// of [`WIDE_DECODE_BATCH`], and on 1 prefill + 3 decode engines (S3's mix asks about 2.4 times
+/// more decode time than prefill time of an engine).
 pub fn variants() -> Vec<PdVariant> {
     let row = |decode, label: &str| PdVariant {
         decode,
         router: router(label),
         decode_batch: None,
+        prefill: PREFILL_ENGINES,
     };
     let aggregated = ROUTERS.iter().map(|l| row(None, l));
     let prefill = ROUTERS
@@ -110,25 +117,28 @@ pub fn variants() -> Vec<PdVariant> {
         decode_batch: Some(WIDE_DECODE_BATCH),
         ..row(Some(DecodePolicy::DecodeLoad), DEFAULT_ROUTER)
     };
+    let one_prefill = PdVariant {
+        prefill: 1,
+        ..row(Some(DecodePolicy::DecodeLoad), DEFAULT_ROUTER)
+    };
     aggregated
         .chain(prefill)
         .chain(decode)
-        .chain([wide])
+        .chain([wide, one_prefill])
         .collect()
 }
 
 /// The simulator's configuration for `v`: the scenario's 4 engines, aggregated or split into
-/// [`PREFILL_ENGINES`] prefill engines (the scenario's model) and decode engines (the same
-/// hardware priced as decode engines, [`decode_engine`]) joined by links of `link`.
+/// the variant's prefill engines and decode engines of the scenario's model (a decode batch
+/// of the variant's own), joined by links of `link`.
 pub fn pd_config(s: &Scenario, v: &PdVariant, link: KvLink) -> SimConfig {
     let mut cfg = sim_config(s, &v.router, None);
     if let Some(decode_policy) = v.decode {
-        for m in &mut cfg.engines[PREFILL_ENGINES..] {
-            *m = decode_engine(*m);
+        for m in &mut cfg.engines[v.prefill..] {
             m.max_running_requests = v.decode_batch.unwrap_or(m.max_running_requests);
         }
         cfg.pd = Some(PdFleet {
-            prefill: PREFILL_ENGINES,
+            prefill: v.prefill,
             decode_policy,
             link,
         });

@@ -6,20 +6,18 @@
 //! prefix on each; a decode engine by the decode policy ([`DecodePolicy`]) over the decode engines.
 //! Then, in virtual time:
 //!
-//! 1. **Prefill**: the prefill engine's scheduler (the production model, with its prefix cache and
-//!    KV events) runs the prompt and stops at the first token; the prefill guard ends there, as the
-//!    router's does when the prefill answer ends.
+//! 1. **Prefill**: the prefill engine's scheduler (the production model with its prefix cache and
+//!    KV events, in prefill mode) runs the prompt; its decode side registers at once. The
+//!    prefilled request then holds its KV in the engine's transfer queue.
 //! 2. **Transfer**: the prompt's KV (`prompt tokens × bytes per token`) crosses the link of that
 //!    (prefill, decode) pair at the link's bandwidth ([`KvLink`]); a pair's link moves one transfer
-//!    at a time, so transfers queue behind each other (the transfer wait counts both).
-//! 3. **Decode**: on arrival the decode engine admits the request with its whole prompt in KV and
-//!    decodes. The first token the client sees is the decode engine's first step, so a PD request's
-//!    TTFT is prefill queue + prefill + transfer + first decode step.
-//!
-//! The decode engine is the production scheduler priced as a decode engine ([`decode_engine`]): no
-//! compute per prompt token (the KV arrives by transfer), its prompt still reserved in the KV pool
-//! and attended by every decode step, and every arrived prompt admitted in one step however long.
-//! Its admission step stands for the first decode step of the arrived requests.
+//!    at a time, so transfers queue behind each other (the transfer wait counts both). When it has
+//!    crossed, the prefill engine frees the KV and answers; the prefill guard ends there, as the
+//!    router's does when the prefill answer ends.
+//! 3. **Decode**: the decode engine's scheduler (decode mode) has held the request since dispatch
+//!    without KV; on the KV's arrival its next step admits it straight into the running batch (its
+//!    prompt in KV usage, no prefill compute) and announces its first token with that step. So a PD
+//!    request's TTFT is prefill queue + prefill + transfer + first decode step.
 //!
 //! Direct (router-bypassing) requests pick both engines uniformly, as a client pairing engines on
 //! its own would. PD fleets route whole engines (one rank each); admission control and the
@@ -27,7 +25,8 @@
 
 use super::events::Ev;
 use super::{Sim, SimConfig, ms};
-use loadlink_engine::model::{Event, ModelConfig, Submit};
+use loadlink_engine::PdMode;
+use loadlink_engine::model::{Disagg, Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_router::candidate::Candidate;
 use loadlink_router::fleet_view::FleetView;
 use loadlink_router::policy::{View, mix};
@@ -102,15 +101,6 @@ pub(super) fn routed_candidates(cfg: &SimConfig, workers: &[Arc<Worker>]) -> Vec
     }
 }
 
-/// A decode engine's model: `m`'s hardware, with no compute per prompt token (the prompt's KV is
-/// transferred, not computed) and every arrived prompt admitted in one step.
-pub fn decode_engine(m: ModelConfig) -> ModelConfig {
-    let mut d = m;
-    d.timing.per_prefill_token_us = 0.0;
-    d.chunked_prefill_size = m.max_total_tokens.max(1);
-    d
-}
-
 /// A PD request's timeline, in virtual seconds (what the tests and the report read).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PdTimeline {
@@ -131,6 +121,8 @@ pub struct PdTimeline {
 struct PdReq {
     /// The decode unit.
     decode: usize,
+    /// When it was dispatched (the decode side asked for its KV then).
+    dispatched: f64,
     prefilled: Option<f64>,
     transferred: Option<f64>,
     /// The decode side's in-flight guard (until the request finishes).
@@ -174,8 +166,8 @@ impl Sim<'_> {
             return false;
         };
         let (np, nd) = (pd.fleet.prefill as u64, pd.decode_engines as u64);
-        let mut submit = self.submit_of(i);
-        submit.max_new_tokens = 1; // the prefill engine stops at the first token
+        let mut submit = self.submit_of(i).with_disagg(Disagg::Prefill);
+        submit.max_new_tokens = 1; // the prefill engine answers with the first token
         let (prefill, decode) = if self.arrivals[i].direct {
             let h = mix(i as u64 ^ 0xd1ec7);
             let p = Candidate {
@@ -199,9 +191,15 @@ impl Sim<'_> {
             (prefill, decode)
         };
         if let Some(pd) = &mut self.pd {
-            pd.reqs[i].decode = decode;
+            (pd.reqs[i].decode, pd.reqs[i].dispatched) = (decode, t);
         }
         self.start(i, prefill, submit, t);
+        // The decode side takes the request in (it waits without KV) and registers for the KV.
+        self.engines[prefill].outside(t, |s| s.peer_registered(i as u64));
+        let a = &self.arrivals[i];
+        let held = Submit::counted(i as u64, a.prompt_tokens, a.output_tokens);
+        let started = self.engines[decode].arrive(held.with_disagg(Disagg::Decode), t);
+        self.advance(decode, t, started);
         true
     }
 
@@ -235,25 +233,24 @@ impl Sim<'_> {
     }
 
     /// A scheduler event of `unit` at `t`, seen first by the PD fleet: `true` when it was a PD
-    /// request's prefill-side event (the client hears nothing of it; a finished prefill starts the
-    /// transfer), `false` when the usual handling applies.
+    /// request's prefill-side event (the client hears nothing of it; the prefill's first token
+    /// starts the transfer), `false` when the usual handling applies.
     pub(super) fn pd_event(&mut self, unit: usize, ev: &Event, t: f64) -> bool {
         let Some(pd) = &mut self.pd else {
             return false;
         };
-        let (i, finished) = match *ev {
-            Event::FirstToken { id } => (id as usize, false),
-            Event::Finished { id, .. } => (id as usize, true),
+        let (i, first) = match *ev {
+            Event::FirstToken { id } => (id as usize, true),
+            Event::Finished { id, .. } => (id as usize, false),
             Event::Token { .. } => return false,
         };
         if unit != self.reqs[i].unit {
-            if finished {
+            if !first {
                 pd.reqs[i].guard = None; // the decode side answered in full
             }
             return false;
         }
-        if finished {
-            self.reqs[i].guard = None; // the prefill answer ended
+        if first {
             pd.reqs[i].prefilled = Some(t);
             let p = self.layout.engine_of(unit);
             let d = self.layout.engine_of(pd.reqs[i].decode) - pd.fleet.prefill;
@@ -265,17 +262,37 @@ impl Sim<'_> {
         true
     }
 
-    /// Request `i`'s KV reached its decode engine at `t`: admitted there, to decode.
+    /// Request `i`'s KV crossed its link at `t`: the prefill engine frees it and answers (the
+    /// prefill guard ends), the decode engine admits the request at its next step.
     pub(super) fn transferred(&mut self, i: usize, t: f64) {
         let Some(pd) = &mut self.pd else {
             return;
         };
         pd.reqs[i].transferred = Some(t);
-        let unit = pd.reqs[i].decode;
-        let a = &self.arrivals[i];
-        let submit = Submit::counted(i as u64, a.prompt_tokens, a.output_tokens);
-        let started = self.engines[unit].arrive(submit, t);
-        self.advance(unit, t, started);
+        let (decode, asked) = (pd.reqs[i].decode, pd.reqs[i].dispatched);
+        let sent = t - pd.reqs[i].prefilled.unwrap_or(t);
+        let (prefill, id) = (self.reqs[i].unit, i as u64);
+        self.reqs[i].guard = None;
+        let (_, started) = self.engines[prefill].outside(t, |s| s.finish_transfer(id, sent));
+        self.advance(prefill, t, started);
+        let (_, started) = self.engines[decode].outside(t, |s| s.kv_arrived(id, t - asked));
+        self.advance(decode, t, started);
+    }
+
+    /// Puts every engine of a PD fleet in its mode (prefill or decode) with the link's bandwidth.
+    pub(super) fn set_pd_modes(&mut self) {
+        let Some(pd) = &self.pd else {
+            return;
+        };
+        let (split, gb_s) = (self.layout.unit(pd.fleet.prefill, 0), pd.fleet.link.gb_s);
+        for (u, e) in self.engines.iter_mut().enumerate() {
+            let mode = if u < split {
+                PdMode::Prefill
+            } else {
+                PdMode::Decode
+            };
+            e.set_disaggregation(mode, gb_s);
+        }
     }
 
     /// The engines whose admissions the cache hit rate counts: the prefill engines of a PD fleet
@@ -293,7 +310,7 @@ impl Sim<'_> {
         match &self.pd {
             Some(pd) => {
                 let decode = self.cfg.engines[pd.fleet.prefill.min(self.cfg.engines.len() - 1)];
-                pd.fleet.link.transfer_s(prompt) + super::isolated_ttft(decode, prompt)
+                pd.fleet.link.transfer_s(prompt) + first_decode_step(decode, prompt)
             }
             None => 0.0,
         }
@@ -317,6 +334,20 @@ impl Sim<'_> {
             })
         })
         .collect()
+    }
+}
+
+/// Seconds from a request's KV arrival at an idle decode engine of model `m` to its first token:
+/// the step that admits it (the production model's decode mode).
+pub fn first_decode_step(m: ModelConfig, prompt: u64) -> f64 {
+    let mut s = Scheduler::new(m);
+    s.set_disaggregation(PdMode::Decode, KvLink::DEFAULT.gb_s);
+    s.submit(Submit::counted(0, prompt, 2).with_disagg(Disagg::Decode));
+    s.kv_arrived(0, 0.0);
+    let step = s.step(0.0);
+    match step.kind {
+        StepKind::Idle => 0.0,
+        _ => step.duration,
     }
 }
 

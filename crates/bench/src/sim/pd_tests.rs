@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::scenario::{MIN_TTFT, Scenario, by_name, sim_config};
-use crate::sim::{CacheView, SimRouter, isolated_ttft, simulate};
+use crate::sim::{CacheView, SimRouter, first_decode_step, isolated_ttft, simulate};
 use crate::workload::Arrival;
 
 const PROMPT: u64 = 2000;
@@ -27,7 +27,7 @@ fn one_pair() -> SimConfig {
         cache: CacheView::Blind,
     };
     let mut cfg = sim_config(&s, &router, None);
-    cfg.engines = vec![s.model, decode_engine(s.model)];
+    cfg.engines = vec![s.model, s.model];
     cfg.pd = Some(PdFleet {
         prefill: 1,
         decode_policy: DecodePolicy::DecodeLoad,
@@ -59,7 +59,8 @@ fn a_pd_request_is_prefilled_then_transferred_for_the_configured_time_then_decod
     let mut lines = out.pd.clone();
     lines.sort_by(|a, b| a.transferred.total_cmp(&b.transferred));
     let prefill = isolated_ttft(cfg.engines[0], PROMPT);
-    let decode_step = isolated_ttft(cfg.engines[1], PROMPT);
+    let decode_step = first_decode_step(cfg.engines[1], PROMPT);
+    assert!(decode_step > 0.0 && decode_step < 0.05, "{decode_step}");
     assert!(
         (lines[0].prefilled - prefill).abs() < 1e-9,
         "{:?} vs {prefill}",
@@ -109,7 +110,7 @@ fn a_pd_request_is_prefilled_then_transferred_for_the_configured_time_then_decod
 fn transfers_of_a_prefill_engine_to_two_decode_engines_do_not_queue_on_one_link() {
     let mut cfg = one_pair();
     let s = by_name("s3").unwrap();
-    cfg.engines = vec![s.model, decode_engine(s.model), decode_engine(s.model)];
+    cfg.engines = vec![s.model, s.model, s.model];
     cfg.pd = Some(PdFleet {
         decode_policy: DecodePolicy::Policy(Policy::RoundRobin, LoadSignal::Inflight),
         ..cfg.pd.unwrap()
