@@ -14,6 +14,7 @@ mod logging;
 mod publish_cmd;
 mod route_budget_args;
 mod route_cmd;
+mod route_pd_args;
 mod route_policy_args;
 mod seconds;
 mod soak_cmd;
