@@ -29,16 +29,15 @@ use loadlink_engine::PdMode;
 use loadlink_engine::model::{Disagg, Event, ModelConfig, Scheduler, StepKind, Submit};
 use loadlink_router::candidate::Candidate;
 use loadlink_router::fleet_view::FleetView;
-use loadlink_router::policy::{View, mix};
+use loadlink_router::policy::{DecodeLoad, mix};
 use loadlink_router::{InflightGuard, LoadSignal, Policy, Worker};
 use std::sync::Arc;
 
 /// How the routers pick a decode engine.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DecodePolicy {
-    /// The least loaded decode engine by its published running + waiting requests per batch slot
-    /// plus its KV usage (falling back to this router's in-flight count when the engine's load is
-    /// stale).
+    /// `loadlink route --pd`'s default: the router's `decode_load` (running + waiting requests,
+    /// requests waiting for KV, KV pressure; in-flight when stale) on its default load signal.
     DecodeLoad,
     /// A production policy on a load signal (e.g. round robin, least in-flight).
     Policy(Policy, LoadSignal),
@@ -209,18 +208,16 @@ impl Sim<'_> {
         let pd = self.pd.as_ref()?;
         let r = i % self.cfg.routers;
         let (policy, signal) = match pd.fleet.decode_policy {
-            DecodePolicy::DecodeLoad => (None, LoadSignal::Engine),
-            DecodePolicy::Policy(p, s) => (Some(p), s),
+            DecodePolicy::DecodeLoad => (
+                Policy::DecodeLoad(DecodeLoad::default()),
+                LoadSignal::default(),
+            ),
+            DecodePolicy::Policy(p, s) => (p, s),
         };
         let mut view = FleetView::new(&self.books[r], signal, self.cfg.freshness_ms)
             .with_candidates(&pd.decode_list);
         view.now_ms = ms(t);
-        let batch =
-            self.cfg.engines[pd.fleet.prefill.min(self.cfg.engines.len() - 1)].max_running_requests;
-        let pick = match policy {
-            Some(p) => p.pick(&view, i as u64),
-            None => decode_load(&view, i as u64, batch as f64),
-        }?;
+        let pick = policy.pick(&view, i as u64)?;
         let c = view.targets.get(pick);
         let w = self.books[r][c.worker as usize].clone();
         let guard = InflightGuard::to_target(w, c.rank, 0);
@@ -349,32 +346,6 @@ pub fn first_decode_step(m: ModelConfig, prompt: u64) -> f64 {
         StepKind::Idle => 0.0,
         _ => step.duration,
     }
-}
-
-/// The interim `decode_load`: the available decode engine with the least published running +
-/// waiting requests per batch slot plus KV usage (its engine figures, the dispatches since its
-/// snapshot included); an engine whose load is stale counts this router's in-flight requests per
-/// batch slot instead. Ties go to the first from a start rotated by `entropy`.
-fn decode_load(view: &FleetView<'_>, entropy: u64, batch: f64) -> Option<usize> {
-    let n = view.len();
-    if n == 0 {
-        return None;
-    }
-    let start = (entropy % n as u64) as usize;
-    let mut best: Option<(f64, usize)> = None;
-    for i in (start..n).chain(0..start) {
-        if !view.available(i) {
-            continue;
-        }
-        let score = match view.engine_requests(i) {
-            Some(reqs) => reqs as f64 / batch.max(1.0) + view.kv_usage(i),
-            None => view.inflight(i) as f64 / batch.max(1.0),
-        };
-        if best.is_none_or(|(b, _)| score < b) {
-            best = Some((score, i));
-        }
-    }
-    best.map(|(_, i)| i)
 }
 
 #[cfg(test)]
