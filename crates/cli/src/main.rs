@@ -4,6 +4,7 @@ mod bench_cmd;
 mod bench_live;
 mod bench_models;
 mod bench_overload;
+mod bench_pd;
 mod bench_ranks;
 mod bench_tiers;
 mod config_file;
