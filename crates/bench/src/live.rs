@@ -23,8 +23,10 @@ mod routers;
 pub(crate) mod scrape;
 mod traffic;
 pub use traffic::AdapterField;
+pub mod pd;
 mod variant;
 
+pub use pd::PdWorkers;
 pub use variant::{ExternalRouter, LiveVariant, Slot};
 
 use procs::{Procs, spawn};
@@ -47,6 +49,9 @@ pub struct LiveConfig {
     pub variants: Vec<LiveVariant>,
     /// How a request names its LoRA adapter (requests of a many-model trace only).
     pub adapter_field: traffic::AdapterField,
+    /// A disaggregated fleet: this many prefill engines, the rest decode ([`pd`]); `None`: every
+    /// engine serves whole requests.
+    pub pd_prefill: Option<usize>,
 }
 
 async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
@@ -68,10 +73,11 @@ async fn get_json(c: &reqwest::Client, url: &str) -> Option<serde_json::Value> {
     c.get(url).send().await.ok()?.json().await.ok()
 }
 
-/// Started processes (killed on drop) and their base URLs.
+/// Started processes (killed on drop), their base URLs, and a PD fleet's sides.
 struct Fleet {
     procs: Procs,
     urls: Vec<String>,
+    pd: Option<PdWorkers>,
 }
 
 /// The engines, each answering `/health`.
@@ -80,6 +86,7 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
     let mut fleet = Fleet {
         procs: Procs(Vec::new()),
         urls: Vec::new(),
+        pd: None,
     };
     let ranks = s.ranks.max(1);
     for e in 0..s.engines {
@@ -105,6 +112,10 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
             ]
             .into_iter()
             .chain(engine_args(s, e))
+            .chain(
+                cfg.pd_prefill
+                    .map_or_else(Vec::new, |p| pd::engine_args(e, p)),
+            )
             .collect::<Vec<String>>(),
         )?);
         fleet.urls.push(format!("http://127.0.0.1:{http}"));
@@ -114,6 +125,18 @@ async fn start_engines(cfg: &LiveConfig, client: &reqwest::Client) -> Result<Fle
             client.get(format!("{u}/health")).send().await.is_ok()
         })
         .await?;
+    }
+    if let Some(prefill) = cfg.pd_prefill {
+        let mut sides = PdWorkers::default();
+        for (e, u) in fleet.urls.iter().enumerate() {
+            match e < prefill {
+                true => sides
+                    .prefill
+                    .push((u.clone(), pd::bootstrap_port(client, u).await?)),
+                false => sides.decode.push(u.clone()),
+            }
+        }
+        fleet.pd = Some(sides);
     }
     Ok(fleet)
 }
@@ -242,6 +265,8 @@ struct Bench<'a> {
     /// The engines' served model name, when requests must carry OpenAI's `model` and text
     /// `prompt` (the run has an external router; see [`traffic`]).
     openai_model: Option<String>,
+    /// A PD fleet's sides.
+    pd: Option<PdWorkers>,
 }
 
 /// One variant: routers up, traffic, counters, routers down, drain.
@@ -259,12 +284,16 @@ async fn run_variant(
     // Every variant starts with cold caches: the same prompts were sent to these engines by the
     // variant before, and what they left cached would count as this variant's hits.
     flush_caches(client, engines).await?;
-    let routers = routers::start(cfg, client, engines, variant).await?;
-    let cache_before = fleet_cache_counters(client, engines).await;
+    let routers = routers::start(cfg, client, (engines, b.pd.as_ref()), variant).await?;
+    // A PD fleet's decode engines compute no prompt: the hit rate counts the prefill engines.
+    let prefilling =
+        b.pd.as_ref()
+            .map_or_else(|| engines.to_vec(), PdWorkers::prefill_urls);
+    let cache_before = fleet_cache_counters(client, &prefilling).await;
     let loads_before = scrape::fleet_adapter_loads(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());
     let start = Instant::now();
-    let fleets = (engines, routers.urls.as_slice());
+    let fleets = (engines, routers.urls.as_slice(), b.pd.as_ref());
     let trace = (b.arrivals.as_slice(), b.openai_model.as_deref());
     let measured = traffic::drive(cfg, client, trace, fleets, progress, &label).await;
     let makespan = start.elapsed().as_secs_f64() * cfg.time_scale;
@@ -281,6 +310,7 @@ async fn run_variant(
         ttft: measured.iter().map(|r| r.0).collect(),
         e2e: measured.iter().map(|r| r.1).collect(),
         ttft_floor: measured.iter().map(|r| r.2).collect(),
+        tpot: measured.iter().filter_map(|r| r.3).collect(),
         completed: measured.len(),
         submitted: b.arrivals.len(),
         makespan,
@@ -300,10 +330,11 @@ async fn run_variant(
             .iter()
             .filter(|a| a.model.as_ref().is_some_and(|m| m.adapter.is_some()))
             .count() as u64,
+        ..Outcome::default()
     };
     // Let the engines drain before the next variant (the counters include every admission then).
     wait_drained(client, engines).await?;
-    let cache_after = fleet_cache_counters(client, engines).await;
+    let cache_after = fleet_cache_counters(client, &prefilling).await;
     if let (Some(b), Some(a)) = (
         loads_before,
         scrape::fleet_adapter_loads(client, engines).await,
@@ -359,6 +390,7 @@ pub async fn run_live(
         engines: engines.urls.clone(),
         arrivals: arrivals(&scenario, cfg.seed, cfg.load),
         openai_model,
+        pd: engines.pd.clone(),
     };
     let mut rows = Vec::new();
     for variant in &cfg.variants {

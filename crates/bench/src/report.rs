@@ -30,6 +30,10 @@ pub fn row_json(r: &Row) -> Value {
         "fallback_fraction": if o.decisions == 0 { 0.0 } else { o.fallback_decisions as f64 / o.decisions as f64 },
         "cache_hit_rate": o.cache_hit_rate(),
     });
+    if !o.tpot.is_empty() {
+        j["tpot_p50_s"] = json!(quantile(&o.tpot, 0.5));
+        j["tpot_p99_s"] = json!(quantile(&o.tpot, 0.99));
+    }
     if let Some(per_1k) = o.adapter_loads_per_1k() {
         j["adapter_loads"] = json!(o.adapter_loads);
         j["adapter_requests"] = json!(o.adapter_requests);

@@ -12,6 +12,8 @@
 //! `tiers` prices a host KV tier ([`tiers`]); `models` spreads S1's prompts over three models and
 //! 32 LoRA adapters of one of them ([`models`]).
 //!
+//! S6 is S3 on 2 prefill + 2 decode engines against S3's 4 aggregated engines ([`pd`]).
+//!
 //! S5 is S3's mix on 8 schedulers, run as 8 one-rank engines and as 2 engines of 4 DP ranks, routed
 //! per rank and whole ([`ranks`]). Calibration counts schedulers (engines × ranks), so both fleets
 //! get the same arrivals.
@@ -62,7 +64,7 @@ pub enum Workload {
     Models,
 }
 
-pub const NAMES: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
+pub const NAMES: [&str; 7] = ["s0", "s1", "s2", "s3", "s4", "s5", "s6"];
 
 impl Scenario {
     /// Schedulers over the fleet: what the offered load is calibrated on.
@@ -71,7 +73,7 @@ impl Scenario {
     }
 }
 
-/// The named scenario (`s0`–`s5`, in either case).
+/// The named scenario (`s0`–`s6`, in either case).
 pub fn by_name(name: &str) -> Result<Scenario, String> {
     let model = ModelConfig {
         max_running_requests: 64,
@@ -115,6 +117,13 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             name: "s3",
             about: "S1 with prefix reuse: half multi-turn chat sessions (5 turns), half shared \
                     system prompts (16 tenants, Zipf 1.1); 85% of cache-blind capacity",
+            workload: s3_mix,
+            ..s1
+        }),
+        "s6" => Ok(Scenario {
+            name: "s6",
+            about: "S3's mix and rate (4 engines' worth, 2 routers, 25% direct) on 2 prefill + 2 \
+                    decode engines against 4 aggregated engines of the same hardware",
             workload: s3_mix,
             ..s1
         }),
@@ -240,7 +249,7 @@ pub fn arrivals(s: &Scenario, seed: u64, load: f64) -> Vec<Arrival> {
     }
 }
 
-/// The arrivals a name stands for: a scenario (`s0`–`s5`, at `load` or its own, over `duration_s`
+/// The arrivals a name stands for: a scenario (`s0`–`s6`, at `load` or its own, over `duration_s`
 /// or its own) or a prefix shape (`chat`, `shared-system`, `generated-shared-prefix`,
 /// `hot-prefix`, with its defaults, at `rate` requests/s, default 10, over `duration_s`, default
 /// 600).
@@ -420,10 +429,12 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
         direct: s.direct,
         delivery: s.delivery,
         admission,
+        pd: None,
     }
 }
 
 pub mod models;
+pub mod pd;
 pub mod ranks;
 #[cfg(test)]
 mod tests;

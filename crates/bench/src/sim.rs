@@ -29,16 +29,18 @@ mod events;
 mod finish;
 mod models;
 mod outcome;
+mod pd;
 mod queues;
 mod ranks;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, isolated_ttft, quantile};
+pub use pd::{DecodePolicy, KvLink, PdFleet, PdTimeline, first_decode_step};
 pub use ranks::RankRouting;
 
 use crate::workload::Arrival;
-use admission::{AdmissionQueue, QUEUE_POLL_S, Refused};
+use admission::{AdmissionQueue, Refused};
 use cache::RouterCache;
 use engine::SimEngine;
 use events::{Ev, Item};
@@ -108,6 +110,8 @@ pub struct SimConfig {
     /// Every this many seconds each router reads every engine's loaded adapters (`None`: never;
     /// the books run on their dispatch history) ([`models`]).
     pub adapter_reports_s: Option<f64>,
+    /// A prefill–decode disaggregated fleet (`None`: every engine serves whole requests) ([`pd`]).
+    pub pd: Option<PdFleet>,
 }
 
 struct Req {
@@ -149,6 +153,8 @@ struct Sim<'a> {
     horizon: f64,
     /// What a poll reads, under [`LoadDelivery::Poll`].
     latest: delivery::Latest,
+    /// The PD fleet's state ([`pd`]).
+    pd: Option<pd::PdState>,
 }
 
 fn ms(t: f64) -> u64 {
@@ -249,6 +255,7 @@ impl Sim<'_> {
                 Ev::Poll { .. } => {}
                 Ev::Sample => self.sample(t),
                 Ev::AdmitPoll(r) => self.poll_admission(r, t),
+                Ev::Transferred(i) => self.transferred(i, t),
             }
             if self.remaining == 0 {
                 break; // every request has finished or was rejected; only heartbeats remain
@@ -260,6 +267,9 @@ impl Sim<'_> {
     fn step_done(&mut self, e: usize, t: f64) {
         let (events, started) = self.engines[e].step_done(t);
         for ev in events {
+            if self.pd_event(e, &ev, t) {
+                continue;
+            }
             match ev {
                 Event::FirstToken { id } => self.reqs[id as usize].first = Some(t),
                 Event::Finished { id, .. } => {
@@ -283,36 +293,6 @@ impl Sim<'_> {
         self.remaining -= 1;
     }
 
-    /// The head of replica `r`'s admission queue, re-priced at `t`: dispatched while it passes the
-    /// gate; entries past their deadline rejected; polled again later while any are left.
-    fn poll_admission(&mut self, r: usize, t: f64) {
-        self.admit[r].poll_pending = false;
-        loop {
-            for _ in 0..self.admit[r].expire(t) {
-                self.reject();
-            }
-            let Some(i) = self.admit[r].head() else {
-                return;
-            };
-            let submit = self.submit_of(i);
-            match self.route(i, &submit, t, false) {
-                Some(engine) => {
-                    self.admit[r].pop();
-                    self.start(i, engine, submit, t);
-                }
-                None => break,
-            }
-        }
-        self.schedule_poll(r, t);
-    }
-
-    fn schedule_poll(&mut self, r: usize, t: f64) {
-        if !self.admit[r].is_empty() && !self.admit[r].poll_pending {
-            self.admit[r].poll_pending = true;
-            self.push(t + QUEUE_POLL_S, Ev::AdmitPoll(r));
-        }
-    }
-
     fn submit_of(&self, i: usize) -> Submit {
         let a = &self.arrivals[i];
         let s = match &a.prompt {
@@ -326,6 +306,9 @@ impl Sim<'_> {
     }
 
     fn arrive(&mut self, i: usize, t: f64) {
+        if self.arrive_pd(i, t) {
+            return;
+        }
         let a = &self.arrivals[i];
         let submit = self.submit_of(i);
         let n = self.layout.engines;
@@ -454,7 +437,7 @@ pub fn simulate_with_queues(
         models: models::ModelRouting::new(
             arrivals,
             (&cfg.served, &cfg.engines),
-            (&books[0], &cfg.rank_routing.candidates(&books[0])),
+            (&books[0], &pd::routed_candidates(cfg, &books[0])),
             cfg.routers.max(1),
             cfg.adapter_book,
         ),
@@ -487,7 +470,11 @@ pub fn simulate_with_queues(
         remaining: arrivals.len(),
         horizon: horizon_s,
         latest: delivery::Latest::new(layout.units()),
+        pd: cfg
+            .pd
+            .map(|f| pd::PdState::new(f, layout.engines, arrivals.len())),
     };
+    sim.set_pd_modes();
     sim.run();
     sim.finish()
 }

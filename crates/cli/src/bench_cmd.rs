@@ -103,7 +103,8 @@ pub struct Common {
     /// direct traffic), s2 (S1 with the direct traffic pinned to one engine), s3 (S1 with prefix
     /// reuse: chat sessions and shared system prompts), s4 (S3 with one tenant sending half) or s5
     /// (S3's mix on 8 schedulers: 8 engines × 1 rank against 2 × 4 DP ranks, routed per rank and
-    /// whole; `bench sim` runs its own comparison, whatever --variants says); tiers (a host KV
+    /// whole; `bench sim` runs its own comparison, whatever --variants says), s6 (S3 on 2 prefill +
+    /// 2 decode engines against 4 aggregated ones; its own comparison too); tiers (a host KV
     /// tier, priced tier-aware or tier-blind) or models (3 models and 32 LoRA adapters of one of
     /// them on 8 engines: min_ttft adapter-aware against adapter-blind); both run their own
     /// comparison too.
@@ -200,6 +201,9 @@ pub fn run(c: BenchCommand) -> Result<()> {
     calibration(&s, seed, load);
     if s.name == "s5" {
         return crate::bench_ranks::run(&s, seed, load, out);
+    }
+    if s.name == "s6" {
+        return crate::bench_pd::run(&s, seed, load, out);
     }
     if s.name == "tiers" {
         return crate::bench_tiers::run(&s, seed, load, out);

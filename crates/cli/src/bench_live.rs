@@ -23,13 +23,18 @@ pub struct LiveArgs {
     duration: f64,
     /// A loadlink variant, POLICY/SIGNAL (`loadlink route --policy POLICY --load-signal SIGNAL`),
     /// e.g. power_of_two/backlog; repeatable, run in the order given. Without --variant or
-    /// --external-router: the simulation's seven variants.
+    /// --external-router: the simulation's seven variants. On the PD fleet of `--scenario s6`
+    /// (2 prefill + 2 decode engines): `loadlink route --pd --prefill-policy POLICY --load-signal
+    /// SIGNAL`, and POLICY/SIGNAL+DECODE adds `--decode-policy DECODE`.
     #[arg(long = "variant", value_name = "POLICY/SIGNAL", value_parser = LiveVariant::parse_loadlink)]
     variants: Vec<LiveVariant>,
     /// An external router as a variant, NAME=COMMAND, run after the --variant ones; repeatable.
     /// One process per router replica, on the same engines and trace. COMMAND is whitespace-split
     /// (no shell) with placeholders {workers} (engine URLs), {port} (its HTTP port), {metrics_port}
-    /// (a second free port) and {replica} (0-based). Requests then also carry `model` and a text
+    /// (a second free port) and {replica} (0-based); on the PD fleet of `--scenario s6`,
+    /// {pd_workers} instead of {workers} (`--prefill URL BOOTSTRAP_PORT … --decode URL …`, e.g.
+    /// 'smg=smg-1.13 launch --pd-disaggregation {pd_workers} --host 127.0.0.1 --port {port}
+    /// --prometheus-port {metrics_port}'). Requests then also carry `model` and a text
     /// `prompt` (docs/benchmarks.md). E.g. 'sglang-cache_aware=python -m
     /// sglang_router.launch_router --worker-urls {workers} --host 127.0.0.1 --port {port}
     /// --prometheus-port {metrics_port} --policy cache_aware'
@@ -59,6 +64,14 @@ pub fn run(a: LiveArgs) -> Result<()> {
             s.engines
         );
     }
+    // S6 runs live on its PD fleet (its aggregated baseline is S3 on the same trace).
+    let pd_prefill = (s.name == "s6").then_some(loadlink_bench::scenario::pd::PREFILL_ENGINES);
+    if pd_prefill.is_some() && a.ranks != 1 {
+        anyhow::bail!(
+            "--ranks {}: the PD fleet of s6 runs one-rank engines",
+            a.ranks
+        );
+    }
     (s.engines, s.ranks) = (s.engines / a.ranks, a.ranks);
     let (seed, out) = (a.common.seed, &a.common.out);
     let cfg = loadlink_bench::live::LiveConfig {
@@ -70,6 +83,7 @@ pub fn run(a: LiveArgs) -> Result<()> {
         duration_s: a.duration,
         variants: live_variants(&a),
         adapter_field: a.adapter_field,
+        pd_prefill,
     };
     println!(
         "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
@@ -96,6 +110,9 @@ pub fn run(a: LiveArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     eprintln!();
     print!("{}", table(&rows));
+    if pd_prefill.is_some() {
+        print!("{}", loadlink_bench::scenario::pd::live_table(&rows));
+    }
     // The raw samples go in too, so `bench plot` can redraw without a rerun.
     let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
     // How busy the machine was (live figures move with it), and what any external router ran.

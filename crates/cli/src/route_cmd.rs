@@ -62,6 +62,9 @@ pub struct RouteArgs {
     #[command(flatten)]
     #[serde(flatten)]
     budgets: crate::route_budget_args::BudgetArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pd: crate::route_pd_args::PdArgs,
     /// engine: price workers on engine-reported queue depth (running + waiting); backlog: on the
     /// engine-reported prefill backlog in tokens (a proxy for time to first token); both fall back
     /// to in-flight when stale or absent. inflight: only this router's own in-flight count.
@@ -220,6 +223,11 @@ impl RouteArgs {
         self.cache.apply(&mut cfg)?;
         self.admission.apply(&mut cfg)?;
         self.budgets.apply(&mut cfg)?;
+        let discovered = !self.worker_urls.is_empty()
+            || self.worker_urls_file.is_some()
+            || !self.worker_dns.is_empty()
+            || self.admin_token.is_some();
+        self.pd.apply(&mut cfg, discovered)?;
         Ok(cfg)
     }
 }

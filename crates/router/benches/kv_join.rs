@@ -123,6 +123,7 @@ fn join(pubs: &[WorkerPubs]) -> Duration {
             no_load_reason: Some("a bare KV-event publisher".into()),
             kv: Ok(p.streams.clone()),
             poll: None,
+            pd: None,
         };
         fleet.add(&format!("http://127.0.0.1:{}", 10_000 + w), d);
     }

@@ -24,6 +24,8 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
     let (load_source, load_source_reason) = w.source_status(&l, st.cfg.freshness_ms);
     json!({
         "url": w.url,
+        "role": w.pd.role().as_str(),
+        "bootstrap_port": w.pd.shown_port(),
         "dp_size": w.ranks.len(),
         "load": l.requests,
         "score": l.score,
@@ -149,8 +151,20 @@ pub fn workers_json(st: &AppState) -> Value {
     let ws = st.fleet.workers();
     json!({ "policy": st.cfg.policy.as_str(), "load_signal": st.cfg.load_signal.as_str(),
             "prefix_source": st.prefix.source.as_str(), "tokenizer": st.prefix.tokenizer.describe(),
-            "models": fleet_models_json(st),
+            "models": fleet_models_json(st), "pd": pd_json(st, &ws),
             "workers": ws.iter().map(|w| worker_json(st, w)).collect::<Vec<_>>() })
+}
+
+/// `--pd`: each side's policy and worker count (null for a regular router).
+fn pd_json(st: &AppState, ws: &[Arc<Worker>]) -> Value {
+    let Some(pd) = &st.cfg.pd else {
+        return Value::Null;
+    };
+    let count = |r: crate::pd::Role| ws.iter().filter(|w| w.pd.role() == r).count();
+    json!({ "prefill_policy": pd.prefill_policy.as_str(), "decode_policy": pd.decode_policy.as_str(),
+            "prefill_workers": count(crate::pd::Role::Prefill),
+            "decode_workers": count(crate::pd::Role::Decode),
+            "regular_workers": count(crate::pd::Role::Regular) })
 }
 
 /// Each model the fleet serves: its requests and its workers (by URL).

@@ -112,6 +112,8 @@ pub struct Roster {
     /// The fleet's rank epoch it was built at ([`crate::fleet::Fleet::roster`] rebuilds it when a
     /// polled worker has reported a new rank since).
     epoch: u64,
+    /// With prefill or decode workers: each side as a roster of its own ([`crate::pd::sides`]).
+    pub pd: Option<Box<crate::pd::sides::PdSides>>,
 }
 
 impl Roster {
@@ -134,13 +136,31 @@ impl Roster {
         epoch: u64,
         models: &crate::models::registry::Registry,
     ) -> Self {
+        let mut r = Roster::flat(workers, field, epoch, models, false);
+        r.pd = crate::pd::sides::PdSides::of(&r.workers, field, epoch, models).map(Box::new);
+        r
+    }
+
+    /// The roster of `workers` without PD sides; `side`: a PD side's own roster (its model table
+    /// shares the fleet's counters, [`crate::models::registry::Registry::side_table`]).
+    pub(crate) fn flat(
+        workers: Vec<Arc<Worker>>,
+        field: RankField,
+        epoch: u64,
+        models: &crate::models::registry::Registry,
+        side: bool,
+    ) -> Self {
         let candidates = CandidateList::of(&workers, field);
-        let models = models.table(&workers, &candidates);
+        let models = match side {
+            true => models.side_table(&workers, &candidates),
+            false => models.table(&workers, &candidates),
+        };
         Roster {
             workers: Arc::new(workers),
             candidates,
             models,
             epoch,
+            pd: None,
         }
     }
 

@@ -73,6 +73,8 @@ pub struct RouterConfig {
     pub model_refresh_ms: u64,
     /// Seconds to load a LoRA adapter on a worker that does not advertise it (`--adapter-load-s`).
     pub adapter_load_s: f64,
+    /// `--pd`: prefill–decode disaggregation ([`crate::pd`]); `None`: a regular fleet.
+    pub pd: Option<crate::pd::PdConfig>,
 }
 
 /// `--admission-queue-size` when not given.
@@ -136,14 +138,24 @@ impl Default for RouterConfig {
             default_model: None,
             model_refresh_ms: 30_000,
             adapter_load_s: crate::adapters::DEFAULT_ADAPTER_LOAD_S,
+            pd: None,
         }
     }
 }
 
 impl RouterConfig {
-    /// The configured worker URLs, each checked and normalised (no trailing `/`).
+    /// The configured worker URLs (`--pd`'s prefill and decode ones included, once each), each
+    /// checked and normalised (no trailing `/`).
     pub fn validated_worker_urls(&self) -> Result<Vec<String>, String> {
-        self.worker_urls.iter().map(|u| validate_url(u)).collect()
+        let pd = self.pd.iter().flat_map(|p| p.urls());
+        let mut urls: Vec<String> = Vec::new();
+        for u in self.worker_urls.iter().map(String::as_str).chain(pd) {
+            let u = validate_url(u)?;
+            if !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+        Ok(urls)
     }
 
     /// How the fleet polls workers without a load socket (interval 0: not at all).

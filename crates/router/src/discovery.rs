@@ -32,6 +32,9 @@ pub struct Discovery {
     pub poll: Option<Polled>,
     /// What it serves ([`crate::models`]), or why that is not known.
     pub models: Result<crate::models::ServedModels, crate::models::fetch::ModelsError>,
+    /// Its PD role and bootstrap port, as `/server_info` advertises them ([`crate::pd::advertised`];
+    /// `None`: not said, or unreadable).
+    pub pd: Option<(crate::pd::Role, crate::pd::BootstrapPort)>,
 }
 
 impl Discovery {
@@ -43,6 +46,7 @@ impl Discovery {
             no_load_reason: Some(reason.clone()),
             poll: None,
             models: Err(reason.into()),
+            pd: None,
         }
     }
 
@@ -236,12 +240,16 @@ async fn discover_push(
         Err(e @ NoLoad::Malformed(_)) => (Vec::new(), Some(format!("{e}; not retried"))),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
+    let pd = crate::pd::advertised(&body)
+        .inspect_err(|e| tracing::warn!(worker = url, "PD role not read: {e}"))
+        .ok();
     let d = Discovery {
         endpoints,
         no_load_reason,
         kv,
         poll: None,
         models: Err(String::from("not read").into()),
+        pd,
     };
     (d, Info::Body(body))
 }

@@ -102,6 +102,8 @@ pub struct Fleet {
     pollers: Mutex<HashMap<String, AbortHandle>>,
     polling: PollConfig,
     poll_client: HttpClient,
+    /// `--pd`: the command line's roles and bootstrap ports, which win over discovery's.
+    pd: Option<crate::pd::PdConfig>,
 }
 
 impl Default for Fleet {
@@ -136,6 +138,7 @@ impl Fleet {
             pollers: Mutex::default(),
             polling: PollConfig::default(),
             poll_client: crate::poll::poll_client(),
+            pd: None,
         }
     }
 
@@ -226,6 +229,12 @@ impl Fleet {
         self.roster
             .rcu(|r| Roster::of(r.workers.to_vec(), self.rank_field, epoch, &self.models));
         self.roster.load_full()
+    }
+
+    /// The same fleet giving workers the roles and ports of `pd` (`--pd`), before any worker.
+    pub fn with_pd(mut self, pd: Option<crate::pd::PdConfig>) -> Self {
+        self.pd = pd;
+        self
     }
 
     /// The same fleet sending chosen ranks as `field` (`--dp-rank-field`), before any worker.
@@ -372,6 +381,8 @@ impl Fleet {
             None => Worker::new(url.to_string(), d.endpoints.len(), reason, self.epoch),
         };
         worker.refusals.attach(self.refusals.clone());
+        let (role, port) = crate::pd::role_of(self.pd.as_ref(), url, d.pd);
+        worker.pd.set(role, port);
         refuse_models(&worker, &models);
         self.adapters.forget(url);
         if let Ok(served) = &models {

@@ -207,6 +207,15 @@ impl View for FleetView<'_> {
     fn inflight(&self, i: usize) -> i64 {
         self.pricing(i).inflight
     }
+    fn pending_transfers(&self, i: usize) -> Option<i64> {
+        let c = self.targets.get(i);
+        let w = &self.targets.workers()[c.worker as usize];
+        let of = |r: &crate::book::ranks::RankState| r.pd_pending.load(Relaxed);
+        Some(match c.rank.and_then(|r| w.ranks.get(r as usize)) {
+            Some(r) => of(r),
+            None => w.ranks.iter().map(of).sum(),
+        })
+    }
     #[inline]
     fn price(&self, i: usize) -> crate::policy::Price {
         let p = self.pricing(i);

@@ -33,6 +33,7 @@ pub mod malloc;
 pub mod membership;
 pub mod metrics;
 pub mod models;
+pub mod pd;
 pub mod peer_http;
 pub mod policy;
 pub mod poll;

@@ -357,6 +357,9 @@ pub fn render(st: &AppState) -> String {
     write_control(&mut e, st);
     crate::models::metrics::write(&mut e, st);
     st.fleet.adapters.write_metrics(&mut e);
+    if st.cfg.pd.is_some() {
+        st.pd.write(&mut e, st);
+    }
     e.finish()
 }
 

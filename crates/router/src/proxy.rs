@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 mod body;
 pub use body::GuardedBody;
-use body::pass_through;
+pub(crate) use body::pass_through;
 
 const FORWARDED_HEADERS: [header::HeaderName; 4] = [
     header::CONTENT_TYPE,
@@ -44,6 +44,9 @@ const FORWARDED_HEADERS: [header::HeaderName; 4] = [
 pub async fn proxied(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     match read_body(&st, &parts, body).await {
+        Ok(bytes) if st.cfg.pd.is_some() && crate::pd::pd_route(parts.uri.path()) => {
+            crate::pd::forward::forward(st, parts.method, parts.uri, parts.headers, bytes).await
+        }
         Ok(bytes) => forward(st, parts.method, parts.uri, parts.headers, bytes).await,
         Err(refusal) => refusal,
     }
@@ -82,7 +85,7 @@ async fn read_body(st: &AppState, parts: &Parts, body: Body) -> Result<Bytes, Re
 }
 
 /// The request as each attempted worker receives it.
-struct Outgoing {
+pub(crate) struct Outgoing {
     method: Method,
     path_and_query: String,
     /// The route (the path without its query): decides where a routed rank goes.
@@ -92,11 +95,11 @@ struct Outgoing {
     /// How a routed rank travels (`--dp-rank-field`).
     rank_field: RankField,
     /// The client named the rank itself: the router adds none.
-    client_named_rank: bool,
+    pub(crate) client_named_rank: bool,
 }
 
 impl Outgoing {
-    fn new(
+    pub(crate) fn new(
         method: Method,
         uri: &Uri,
         headers: HeaderMap,
@@ -126,6 +129,16 @@ impl Outgoing {
         worker_url: &str,
         rank: Option<u32>,
     ) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
+        self.with_body(worker_url, rank, &self.body)
+    }
+
+    /// [`Outgoing::to`] with `body` in place of the client's (a PD attempt's, with its room).
+    pub(crate) fn with_body(
+        &self,
+        worker_url: &str,
+        rank: Option<u32>,
+        body: &Bytes,
+    ) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
         let mut req = hyper::Request::builder()
             .method(self.method.clone())
             .uri(format!("{worker_url}{}", self.path_and_query));
@@ -139,15 +152,15 @@ impl Outgoing {
             req = req.header(RANK_HEADER, v);
         }
         let Some(rank) = rank.filter(|_| !self.client_named_rank) else {
-            return req.body(Full::new(self.body.clone()));
+            return req.body(Full::new(body.clone()));
         };
         let path = self.path();
         if self.rank_field.header_on(path) {
             req = req.header(RANK_HEADER, rank);
         }
         let body = match self.rank_field.body_on(path) {
-            true => with_rank_field(&self.body, rank).unwrap_or_else(|| self.body.clone()),
-            false => self.body.clone(),
+            true => with_rank_field(body, rank).unwrap_or_else(|| body.clone()),
+            false => body.clone(),
         };
         req.body(Full::new(body))
     }
@@ -276,7 +289,7 @@ pub async fn forward(
 /// The rank the client named itself, if any (a 400 for one the engine would refuse), and the
 /// model, adapter and namespace fields of the body. Parsing a large body runs on the request-work
 /// pool, off the executor, as the cache lookup does.
-async fn read_request(
+pub(crate) async fn read_request(
     st: &Arc<AppState>,
     path: &str,
     headers: &HeaderMap,
@@ -303,20 +316,24 @@ async fn read_request(
 /// Whom a request may go to (its model's candidates, ranked or whole) and the namespace its cache
 /// lives in.
 #[derive(Clone, Copy)]
-struct Target {
-    set: SetId,
-    ranked: bool,
-    ns: ChainNamespace,
+pub(crate) struct Target {
+    pub(crate) set: SetId,
+    pub(crate) ranked: bool,
+    pub(crate) ns: ChainNamespace,
 }
 
-async fn cache_lookup(
+pub(crate) async fn cache_lookup(
     st: &Arc<AppState>,
     path: &str,
     body: &Bytes,
     roster: &Arc<Roster>,
     t: Target,
 ) -> Result<Option<Lookup>, Response> {
-    if !st.cfg.policy.uses_cache() {
+    let uses_cache = match &st.cfg.pd {
+        Some(pd) if crate::pd::pd_route(path) => pd.prefill_policy.uses_cache(),
+        _ => st.cfg.policy.uses_cache(),
+    };
+    if !uses_cache {
         return Ok(None);
     }
     let Some(now) = roster.workers.first().map(|w| w.now_ms()) else {
@@ -339,7 +356,7 @@ async fn cache_lookup(
 }
 
 /// The 503 for request work the pool could not take (counted as `request_too_large`).
-fn work_refused(st: &AppState, e: &WorkError) -> Response {
+pub(crate) fn work_refused(st: &AppState, e: &WorkError) -> Response {
     st.fleet.refusals.add(BudgetRefusal::RequestTooLarge, 1);
     if st.admission.work.note_refusal() {
         tracing::warn!("request refused: {e}");

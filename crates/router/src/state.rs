@@ -37,6 +37,8 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Counters of the watched file and DNS sources.
     pub membership: crate::membership::MembershipStats,
+    /// PD requests' counters ([`crate::pd`]).
+    pub pd: crate::pd::metrics::PdMetrics,
 }
 
 impl AppState {
@@ -50,7 +52,9 @@ impl AppState {
             tokenizer: RouterTokenizer::load(cfg.tokenizer.as_deref())?,
             page_size: cfg.page_size.max(1),
             source: cfg.prefix_source,
-            sizes_from_sent: matches!(cfg.policy, crate::policy::Policy::CacheAware(_)),
+            sizes_from_sent: [Some(cfg.policy), cfg.pd.as_ref().map(|p| p.prefill_policy)]
+                .iter()
+                .any(|p| matches!(p, Some(crate::policy::Policy::CacheAware(_)))),
         };
         Ok(AppState {
             prefix,
@@ -59,6 +63,7 @@ impl AppState {
                 .with_budgets(cfg.budgets.clone())
                 .with_polling(cfg.poll_config())
                 .with_rank_field(cfg.dp_rank_field)
+                .with_pd(cfg.pd.clone())
                 .with_adapters(crate::adapters::AdapterBookConfig {
                     default_load_s: cfg.adapter_load_s,
                     ..Default::default()
@@ -72,6 +77,7 @@ impl AppState {
             stopping: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             membership: Default::default(),
+            pd: Default::default(),
         })
     }
 

@@ -258,6 +258,7 @@ fn inproc_discovery(i: usize, ranks: u32) -> loadlink_router::fleet::Discovery {
         no_load_reason: None,
         kv: Err("no KV events".into()),
         poll: None,
+        pd: None,
     }
 }
 

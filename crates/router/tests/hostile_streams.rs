@@ -29,6 +29,7 @@ fn load_discovery(port: u16) -> Discovery {
         no_load_reason: None,
         kv: Err("no KV events".into()),
         poll: None,
+        pd: None,
     }
 }
 
@@ -49,6 +50,7 @@ fn kv_discovery(port: u16) -> Discovery {
             host_load_tokens_per_s: None,
         }),
         poll: None,
+        pd: None,
     }
 }
 

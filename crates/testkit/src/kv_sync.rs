@@ -211,6 +211,7 @@ pub fn bare_kv_fleet(
         no_load_reason: Some("a bare KV-event publisher".into()),
         kv: Ok(kv),
         poll: None,
+        pd: None,
     };
     (book, fleet, d)
 }

@@ -25,6 +25,8 @@
 //! * [`sub`]: libzmq sockets that wait for their first message before a test relies on them.
 //! * [`rank_worker`]: a worker of several DP ranks, each publishing its own load, that records
 //!   the rank header and body of every request it receives.
+//! * [`pd_router`]: capture engines of a PD fleet (a role and bootstrap port in `/server_info`,
+//!   every body recorded, answers as told: normal, an error status, slow, or cut mid-stream).
 //! * [`polled_worker`]: a fake polled worker whose `/v1/loads` or `/metrics` answers what the
 //!   test says, request by request (absurd ranks, huge bodies, stalls).
 //! * [`served`]: engines serving named models and LoRA adapters, their per-model request
@@ -49,6 +51,7 @@ pub mod kv_snapshot;
 pub mod kv_sync;
 pub mod metrics;
 pub mod pd_engines;
+pub mod pd_router;
 pub mod polled_worker;
 pub mod pub_sink;
 pub mod rank_worker;

@@ -5,6 +5,7 @@
 //! * external: `/workers` lists every engine and none is marked unhealthy (`is_healthy`, as
 //!   sglang-router says); a router without `/workers` (404) is ready when `/health` answers 2xx.
 
+use super::pd::PdWorkers;
 use super::procs::{Ended, Logged, Procs, spawn};
 use super::variant::{ExternalRouter, LiveVariant, Slot};
 use super::{LiveConfig, get_json};
@@ -48,35 +49,70 @@ impl Routers {
 pub(super) async fn start(
     cfg: &LiveConfig,
     client: &reqwest::Client,
-    engines: &[String],
+    (engines, pd): (&[String], Option<&PdWorkers>),
     variant: &LiveVariant,
 ) -> Result<Routers, String> {
     match variant {
-        LiveVariant::Loadlink { policy, signal } => {
-            start_loadlink(cfg, client, engines, policy, signal).await
+        LiveVariant::Loadlink {
+            policy,
+            signal,
+            decode,
+        } => {
+            let how = (policy.as_str(), signal.as_str(), decode.as_deref());
+            start_loadlink(cfg, client, (engines, pd), how).await
         }
-        LiveVariant::External(e) => start_external(cfg, client, engines, e).await,
+        LiveVariant::External(e) if e.wants_pd() != pd.is_some() => Err(format!(
+            "{}: {}",
+            e.name,
+            match pd {
+                Some(_) => "the fleet is disaggregated: the command needs {pd_workers}",
+                None => "{pd_workers} needs a disaggregated fleet (--scenario s6)",
+            }
+        )),
+        LiveVariant::External(e) => start_external(cfg, client, (engines, pd), e).await,
     }
+}
+
+/// `loadlink route`'s arguments for one replica on `port`: every engine by URL, or on a PD fleet
+/// both sides with the prefill policy, load signal and decode policy.
+fn route_args(
+    port: u16,
+    (engines, pd): (&[String], Option<&PdWorkers>),
+    (policy, signal, decode): (&str, &str, Option<&str>),
+) -> Vec<String> {
+    let mut args: Vec<String> = vec!["route".into(), "--port".into(), port.to_string()];
+    match pd {
+        None => {
+            args.extend(
+                ["--policy", policy, "--load-signal", signal, "--worker-urls"].map(String::from),
+            );
+            args.extend(engines.iter().cloned());
+        }
+        Some(sides) => {
+            args.push("--pd".into());
+            args.extend(sides.args());
+            args.extend(["--prefill-policy", policy, "--load-signal", signal].map(String::from));
+            if let Some(d) = decode {
+                args.extend(["--decode-policy".into(), d.into()]);
+            }
+        }
+    }
+    args
 }
 
 /// The scenario's `loadlink route` replicas, each seeing every engine's load.
 async fn start_loadlink(
     cfg: &LiveConfig,
     client: &reqwest::Client,
-    engines: &[String],
-    policy: &str,
-    signal: &str,
+    (engines, pd): (&[String], Option<&PdWorkers>),
+    how: (&str, &str, Option<&str>),
 ) -> Result<Routers, String> {
+    let (policy, signal, _) = how;
     let mut procs = Procs(Vec::new());
     let mut urls = Vec::new();
     for _ in 0..cfg.scenario.routers {
         let port = free_port_block(1)?;
-        let mut args: Vec<String> = ["route", "--port", &port.to_string(), "--policy", policy]
-            .into_iter()
-            .chain(["--load-signal", signal, "--worker-urls"])
-            .map(String::from)
-            .collect();
-        args.extend(engines.iter().cloned());
+        let args = route_args(port, (engines, pd), how);
         procs.0.push(spawn(&cfg.exe, &args)?);
         urls.push(format!("http://127.0.0.1:{port}"));
     }
@@ -130,7 +166,7 @@ fn log_path(name: &str, replica: usize) -> Result<PathBuf, String> {
 async fn start_external(
     cfg: &LiveConfig,
     client: &reqwest::Client,
-    engines: &[String],
+    (engines, pd): (&[String], Option<&PdWorkers>),
     router: &ExternalRouter,
 ) -> Result<Routers, String> {
     let mut started = Routers {
@@ -145,7 +181,7 @@ async fn start_external(
             metrics_port: ports + 1,
             replica,
         };
-        let argv = router.command(engines, slot);
+        let argv = router.command(engines, pd, slot);
         let log = log_path(&router.name, replica)?;
         started.external.push(Logged::spawn(&argv, log)?);
         started.urls.push(format!("http://127.0.0.1:{}", slot.port));

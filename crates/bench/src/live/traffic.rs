@@ -17,14 +17,16 @@
 //! there. The engine ignores `prompt` when `input_ids` is present.
 
 use super::LiveConfig;
+use super::pd::{PdWorkers, with_bootstrap};
 use crate::scenario::Scenario;
 use crate::sim::{DirectTarget, isolated_ttft};
 use crate::workload::Arrival;
 use loadlink_router::policy::mix;
 use std::time::{Duration, Instant};
 
-/// Per completed request: (TTFT, E2E, TTFT floor), in virtual seconds.
-pub(super) type Measured = Vec<(f64, f64, f64)>;
+/// Per completed request: (TTFT, E2E, TTFT floor, time per output token after the first, when
+/// it has two or more), in virtual seconds.
+pub(super) type Measured = Vec<(f64, f64, f64, Option<f64>)>;
 
 /// Where arrival `i` is sent: a router replica, or an engine for direct traffic.
 fn target(s: &Scenario, i: usize, a: &Arrival, engines: &[String], routers: &[String]) -> String {
@@ -130,12 +132,29 @@ async fn send_one(
     Some((first?, t0.elapsed().as_secs_f64()))
 }
 
+/// Direct request `i` on a PD fleet at `at`: the same body, with the bootstrap fields of a pair
+/// the client picked, to a prefill and a decode engine at once; the decode engine's stream is
+/// measured (the prefill engine's answer is read to its end and dropped).
+async fn send_pair(
+    c: reqwest::Client,
+    at: Instant,
+    (sides, i): (&PdWorkers, usize),
+    body: serde_json::Value,
+) -> Option<(f64, f64)> {
+    let (prefill, decode, room) = sides.direct_pair(i)?;
+    let body = with_bootstrap(body, prefill, room);
+    let prefill_leg = send_one(c.clone(), at, prefill.0.clone(), body.clone());
+    let decode_leg = send_one(c, at, decode.clone(), body);
+    let (_, measured) = tokio::join!(prefill_leg, decode_leg);
+    measured
+}
+
 /// Sends every arrival at its (compressed) time and waits for all of them.
 pub(super) async fn drive(
     cfg: &LiveConfig,
     client: &reqwest::Client,
     (arrivals, openai_model): (&[Arrival], Option<&str>),
-    (engines, routers): (&[String], &[String]),
+    (engines, routers, pd): (&[String], &[String], Option<&PdWorkers>),
     progress: &mut dyn FnMut(&str),
     label: &str,
 ) -> Measured {
@@ -150,9 +169,18 @@ pub(super) async fn drive(
             .entry(a.prompt_tokens)
             .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
         let named = (openai_model, cfg.adapter_field);
-        let sent = send_one(client.clone(), at, url, body(a, i, named));
+        let (c, body) = (client.clone(), body(a, i, named));
+        let pair = pd.filter(|_| a.direct).cloned();
+        let later_tokens = a.output_tokens.saturating_sub(1);
         tasks.push(tokio::spawn(async move {
-            sent.await.map(|(ttft, e2e)| (ttft * k, e2e * k, floor))
+            let sent = match pair {
+                Some(sides) => send_pair(c, at, (&sides, i), body).await,
+                None => send_one(c, at, url, body).await,
+            };
+            sent.map(|(ttft, e2e)| {
+                let tpot = (later_tokens > 0).then(|| (e2e - ttft) * k / later_tokens as f64);
+                (ttft * k, e2e * k, floor, tpot)
+            })
         }));
     }
     let (n, mut measured) = (tasks.len(), Measured::new());

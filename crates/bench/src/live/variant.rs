@@ -6,6 +6,9 @@
 //! An external template is whitespace-separated words (no shell, no quoting) with placeholders:
 //! * `{workers}`: the engines' base URLs; a word that is exactly `{workers}` becomes one argument
 //!   per engine, elsewhere they are joined with spaces;
+//! * `{pd_workers}` (a word of its own): on a PD fleet, `--prefill URL BOOTSTRAP_PORT` per prefill
+//!   engine and `--decode URL` per decode engine, as sglang-router, SMG and `loadlink route --pd`
+//!   spell them; either it or `{workers}` is required;
 //! * `{port}`: the HTTP port the router must listen on (chosen free by the runner);
 //! * `{metrics_port}`: a second free port, for routers that open a metrics listener of their own
 //!   (sglang-router's `--prometheus-port` defaults to 29000, which two replicas would share);
@@ -14,15 +17,18 @@
 //! `{port}` and `{workers}` are required; any other `{name}` is refused, so a typo fails at parse
 //! time, not half-way through a run (the shell's `${…}` and JSON braces pass through).
 
+use super::pd::PdWorkers;
 use crate::scenario::VARIANTS;
 
 /// One variant of a live run.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LiveVariant {
-    /// `loadlink route --policy POLICY --load-signal SIGNAL`.
+    /// `loadlink route --policy POLICY --load-signal SIGNAL`; on a PD fleet, `POLICY` is the
+    /// prefill policy and `decode` the decode policy (`None`: the router's default).
     Loadlink {
         policy: String,
         signal: String,
+        decode: Option<String>,
     },
     External(ExternalRouter),
 }
@@ -32,25 +38,45 @@ impl LiveVariant {
     /// external router.
     pub fn label(&self) -> String {
         match self {
-            LiveVariant::Loadlink { policy, signal } => format!("{policy} / {signal}"),
+            LiveVariant::Loadlink {
+                policy,
+                signal,
+                decode: None,
+            } => format!("{policy} / {signal}"),
+            LiveVariant::Loadlink {
+                policy,
+                signal,
+                decode: Some(d),
+            } => format!("{policy} / {signal} + {d}"),
             LiveVariant::External(e) => e.name.clone(),
         }
     }
 
-    /// `POLICY/SIGNAL`, e.g. `power_of_two/backlog`; the strings are the router's to judge.
+    /// `POLICY/SIGNAL`, e.g. `power_of_two/backlog`, or on a PD fleet `POLICY/SIGNAL+DECODE`
+    /// (`min_ttft/backlog+round_robin`); the strings are the router's to judge.
     pub fn parse_loadlink(spec: &str) -> Result<Self, String> {
-        let (policy, signal) = spec.split_once('/').ok_or_else(|| {
-            format!("{spec:?}: expected POLICY/SIGNAL, e.g. power_of_two/backlog")
-        })?;
+        let expected = || {
+            format!(
+                "{spec:?}: expected POLICY/SIGNAL or POLICY/SIGNAL+DECODE_POLICY, e.g. \
+                 power_of_two/backlog"
+            )
+        };
+        let (routed, decode) = match spec.split_once('+') {
+            Some((r, d)) if !d.trim().is_empty() && !d.contains(['/', '+']) => {
+                (r, Some(d.trim().to_string()))
+            }
+            Some(_) => return Err(expected()),
+            None => (spec, None),
+        };
+        let (policy, signal) = routed.split_once('/').ok_or_else(expected)?;
         let (policy, signal) = (policy.trim(), signal.trim());
         if policy.is_empty() || signal.is_empty() || signal.contains('/') {
-            return Err(format!(
-                "{spec:?}: expected POLICY/SIGNAL, e.g. power_of_two/backlog"
-            ));
+            return Err(expected());
         }
         Ok(LiveVariant::Loadlink {
             policy: policy.into(),
             signal: signal.into(),
+            decode,
         })
     }
 
@@ -61,6 +87,7 @@ impl LiveVariant {
             .map(|(p, s)| LiveVariant::Loadlink {
                 policy: p.as_str().into(),
                 signal: s.as_str().into(),
+                decode: None,
             })
             .collect()
     }
@@ -77,7 +104,13 @@ pub struct ExternalRouter {
     words: Vec<String>,
 }
 
-const PLACEHOLDERS: [&str; 4] = ["{workers}", "{port}", "{metrics_port}", "{replica}"];
+const PLACEHOLDERS: [&str; 5] = [
+    "{workers}",
+    "{pd_workers}",
+    "{port}",
+    "{metrics_port}",
+    "{replica}",
+];
 
 /// Where one replica of an external router is to run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,10 +136,16 @@ impl ExternalRouter {
         if words.is_empty() {
             return Err(format!("{name}: the command is empty"));
         }
-        for required in ["{port}", "{workers}"] {
-            if !words.iter().any(|w| w.contains(required)) {
-                return Err(format!("{name}: the command has no {required}"));
-            }
+        if !words.iter().any(|w| w.contains("{port}")) {
+            return Err(format!("{name}: the command has no {{port}}"));
+        }
+        if !words
+            .iter()
+            .any(|w| w.contains("{workers}") || w == "{pd_workers}")
+        {
+            return Err(format!(
+                "{name}: the command has no {{workers}} (or {{pd_workers}})"
+            ));
         }
         if let Some(w) = words.iter().find(|w| unknown_placeholder(w)) {
             return Err(format!(
@@ -120,12 +159,22 @@ impl ExternalRouter {
         })
     }
 
-    /// The program and its arguments for one replica.
-    pub fn command(&self, workers: &[String], slot: Slot) -> Vec<String> {
+    /// Whether the template names the fleet's PD sides (`{pd_workers}`).
+    pub fn wants_pd(&self) -> bool {
+        self.words.iter().any(|w| w == "{pd_workers}")
+    }
+
+    /// The program and its arguments for one replica; `pd` expands `{pd_workers}` (to nothing on
+    /// a fleet that is not disaggregated; the runner refuses that pairing first).
+    pub fn command(&self, workers: &[String], pd: Option<&PdWorkers>, slot: Slot) -> Vec<String> {
         let mut out = Vec::new();
         for w in &self.words {
             if w == "{workers}" {
                 out.extend(workers.iter().cloned());
+                continue;
+            }
+            if w == "{pd_workers}" {
+                out.extend(pd.map(PdWorkers::args).unwrap_or_default());
                 continue;
             }
             out.push(
@@ -188,7 +237,7 @@ mod tests {
             replica: 1,
         };
         assert_eq!(
-            e.command(&urls(), slot),
+            e.command(&urls(), None, slot),
             [
                 "python",
                 "-m",
@@ -216,6 +265,22 @@ mod tests {
         assert!(err("x=   ").contains("empty"));
         assert!(err("x=r {workers}").contains("{port}"));
         assert!(err("x=r --port {port}").contains("{workers}"));
+        let pd =
+            ExternalRouter::parse("x=r --pd-disaggregation {pd_workers} --port {port}").unwrap();
+        assert!(pd.wants_pd());
+        let sides = PdWorkers {
+            prefill: vec![("http://p".into(), 8998)],
+            decode: vec!["http://d".into()],
+        };
+        let slot = Slot {
+            port: 9,
+            metrics_port: 10,
+            replica: 0,
+        };
+        assert_eq!(
+            pd.command(&urls(), Some(&sides), slot).join(" "),
+            "r --pd-disaggregation --prefill http://p 8998 --decode http://d --port 9"
+        );
         assert!(err("x=r --port {prot} {port} {workers}").contains("unknown placeholder"));
         // The shell's ${…} and JSON braces are not placeholders.
         let ok = ExternalRouter::parse(r#"x=sh -c echo${IFS}{port} {"a":1} {workers}"#);
@@ -230,6 +295,10 @@ mod tests {
         assert!(LiveVariant::parse_loadlink("power_of_two").is_err());
         assert!(LiveVariant::parse_loadlink("/backlog").is_err());
         assert!(LiveVariant::parse_loadlink("a/b/c").is_err());
+        let pd = LiveVariant::parse_loadlink("min_ttft/backlog+round_robin").unwrap();
+        assert_eq!(pd.label(), "min_ttft / backlog + round_robin");
+        assert!(LiveVariant::parse_loadlink("min_ttft/backlog+").is_err());
+        assert!(LiveVariant::parse_loadlink("min_ttft/backlog+a/b").is_err());
         let d = LiveVariant::defaults();
         assert_eq!(d.len(), VARIANTS.len());
         assert_eq!(d[0].label(), "round_robin / inflight");

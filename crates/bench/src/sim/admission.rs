@@ -19,6 +19,7 @@
 
 pub use loadlink_router::admission::rules::{gate, open, pick};
 
+use super::{Ev, Sim};
 use loadlink_router::admission::rules::queue_has_room;
 use loadlink_router::admission::{AdmissionConfig, Overload};
 use std::collections::VecDeque;
@@ -74,6 +75,38 @@ impl AdmissionQueue {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+impl Sim<'_> {
+    /// The head of replica `r`'s admission queue, re-priced at `t`: dispatched while it passes the
+    /// gate; entries past their deadline rejected; polled again later while any are left.
+    pub(super) fn poll_admission(&mut self, r: usize, t: f64) {
+        self.admit[r].poll_pending = false;
+        loop {
+            for _ in 0..self.admit[r].expire(t) {
+                self.reject();
+            }
+            let Some(i) = self.admit[r].head() else {
+                return;
+            };
+            let submit = self.submit_of(i);
+            match self.route(i, &submit, t, false) {
+                Some(engine) => {
+                    self.admit[r].pop();
+                    self.start(i, engine, submit, t);
+                }
+                None => break,
+            }
+        }
+        self.schedule_poll(r, t);
+    }
+
+    pub(super) fn schedule_poll(&mut self, r: usize, t: f64) {
+        if !self.admit[r].is_empty() && !self.admit[r].poll_pending {
+            self.admit[r].poll_pending = true;
+            self.push(t + QUEUE_POLL_S, Ev::AdmitPoll(r));
+        }
     }
 }
 

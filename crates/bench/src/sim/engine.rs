@@ -71,6 +71,11 @@ impl SimEngine {
         &mut self.publisher.source_mut().sched
     }
 
+    /// Sets the engine's role in prefill–decode disaggregation (before it runs).
+    pub(crate) fn set_disaggregation(&mut self, mode: loadlink_engine::PdMode, link_gb_s: f64) {
+        self.sched().set_disaggregation(mode, link_gb_s);
+    }
+
     /// Requests waiting, including those not taken in yet.
     pub(crate) fn num_waiting(&self) -> usize {
         self.publisher.source().sched.num_waiting() + self.inbox.len()
@@ -168,6 +173,29 @@ impl SimEngine {
         let arrived = std::mem::take(&mut self.arrived);
         self.on(CycleEvent::Ingest { arrived }, t);
         (events, self.schedule(t))
+    }
+
+    /// Something outside the scheduler's steps changes it at `t` (`change`: a KV transfer ended on
+    /// a prefill engine, a request's KV arrived on a decode engine), as a command the live rank
+    /// takes in: a busy engine sees it when its step ends, an idle one starts a cycle now.
+    /// Returns what `change` returned and the duration of a step it started. (Under
+    /// [`PublishPoint::BatchEnd`], requests held for the step's end are taken in first, so the
+    /// change finds a request that arrived during the step.)
+    pub(crate) fn outside<R>(
+        &mut self,
+        t: f64,
+        change: impl FnOnce(&mut Scheduler) -> R,
+    ) -> (R, Option<f64>) {
+        for s in std::mem::take(&mut self.inbox) {
+            self.sched().submit(s);
+        }
+        let r = change(self.sched());
+        if self.busy {
+            self.arrived = true;
+            return (r, None);
+        }
+        self.on(CycleEvent::Ingest { arrived: true }, t);
+        (r, self.schedule(t))
     }
 
     /// The idle heartbeat at `t` (nothing happens while a step runs).

@@ -26,6 +26,8 @@ pub(super) enum Ev {
     Sample,
     /// Re-price the head of a router replica's admission queue.
     AdmitPoll(usize),
+    /// A PD request's KV reached its decode engine (`super::pd`).
+    Transferred(usize),
     /// Replica `router` polls engine `engine` (under `LoadDelivery::Poll`).
     Poll {
         router: usize,

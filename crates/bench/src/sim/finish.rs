@@ -17,16 +17,22 @@ impl Sim<'_> {
                 out.e2e.push(d - r.arrived);
                 let e = layout.engine_of(r.unit);
                 let prompt = arrivals[i].prompt_tokens;
-                let floor = *floors
-                    .entry((e, prompt))
-                    .or_insert_with(|| isolated_ttft(cfg.engines[e], prompt));
+                let floor = *floors.entry((e, prompt)).or_insert_with(|| {
+                    isolated_ttft(cfg.engines[e], prompt) + sim.pd_floor(prompt)
+                });
                 out.ttft_floor.push(floor);
+                let output = arrivals[i].output_tokens;
+                if output >= 2 {
+                    out.tpot.push((d - f) / (output - 1) as f64);
+                }
             }
         }
         out.completed = out.e2e.len();
-        let totals = sim.engines.iter().map(SimEngine::cache_totals);
+        out.pd = sim.pd_outcome();
+        let prefilling = &sim.engines[sim.prefilling_units()];
+        let totals = prefilling.iter().map(SimEngine::cache_totals);
         out.cache_tokens = Some(totals.fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep)));
-        out.loaded_back_tokens = sim.engines.iter().map(SimEngine::loaded_back_tokens).sum();
+        out.loaded_back_tokens = prefilling.iter().map(SimEngine::loaded_back_tokens).sum();
         out.adapter_loads = sim.engines.iter().map(SimEngine::adapter_loads).sum();
         out.adapter_requests = (0..arrivals.len())
             .filter(|&i| sim.models.adapter(i).is_some() && sim.reqs[i].done.is_some())

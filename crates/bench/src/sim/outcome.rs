@@ -45,6 +45,12 @@ pub struct Outcome {
     pub adapter_loads: u64,
     /// Completed requests that named an adapter.
     pub adapter_requests: u64,
+    /// Per completed request of two or more output tokens, its time per output token after the
+    /// first: (done − first token) ÷ (output tokens − 1).
+    pub tpot: Vec<f64>,
+    /// Per completed request of a PD fleet, its prefill → transfer → decode timeline (empty for
+    /// aggregated fleets).
+    pub pd: Vec<super::PdTimeline>,
 }
 
 impl Outcome {
@@ -61,6 +67,15 @@ impl Outcome {
     pub fn adapter_loads_per_1k(&self) -> Option<f64> {
         (self.adapter_requests > 0)
             .then(|| self.adapter_loads as f64 * 1000.0 / self.completed.max(1) as f64)
+    }
+
+    /// Per PD request, seconds from its prefill's end to its KV's arrival at the decode engine
+    /// (waiting for the link, and the transfer).
+    pub fn transfer_waits(&self) -> Vec<f64> {
+        self.pd
+            .iter()
+            .map(|p| p.transferred - p.prefilled)
+            .collect()
     }
 
     /// Hit rate per tier, over the fleet's prompt tokens: (device, host); `None` when unknown.

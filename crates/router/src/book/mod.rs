@@ -29,6 +29,8 @@ mod health;
 mod load;
 pub mod prefill_rate;
 mod pricing;
+mod seq;
+pub use seq::SeqEvent;
 pub mod ranks;
 pub mod source;
 
@@ -159,6 +161,8 @@ pub struct Worker {
     pub dropped: [AtomicU64; FrameError::REASONS.len()],
     /// Tokens/s its host KV tier loads back, as advertised (0: none advertised).
     pub host_load_tokens_per_s: AtomicU64,
+    /// Its role in a PD fleet and its bootstrap port ([`crate::pd`]).
+    pub pd: crate::pd::WorkerPd,
     /// Σ over ranks, recomputed by the (single) subscriber thread on every message so a pick reads
     /// one cache line instead of walking the ranks: requests, tokens, oldest receive time (0 if a
     /// rank never reported), smallest dispatch mark.
@@ -224,6 +228,7 @@ impl Worker {
             refusals: Default::default(),
             dropped: Default::default(),
             host_load_tokens_per_s: AtomicU64::new(0),
+            pd: Default::default(),
             agg_requests: AtomicI64::new(0),
             agg_tokens: AtomicI64::new(0),
             agg_backlog: AtomicI64::new(0),
@@ -329,6 +334,9 @@ impl Worker {
         r.requests.store(running + waiting, Relaxed);
         r.tokens.store(tokens, Relaxed);
         r.backlog.store(backlog, Relaxed);
+        let pending = crate::pd::metrics::pending_transfers(snap.disaggregation.as_ref());
+        r.pd_pending
+            .store(believe("disaggregation", pending, MAX_REPORTED), Relaxed);
         let usage = snap.token_usage();
         r.token_usage_bits.store(
             if usage.is_finite() {
@@ -380,36 +388,6 @@ impl Worker {
                 e.rank, e.bound
             )
         });
-    }
-
-    /// Counts one received message of `rank` with sequence `seq` (decoded or not): message count,
-    /// gaps and restarts. A negative seq is refused ([`Refusal::NumberOutOfRange`]) and leaves the
-    /// rank's seq as it was.
-    pub fn account_seq(&self, rank: usize, seq: i64) -> SeqEvent {
-        let Some(r) = self.ranks.get(rank) else {
-            return SeqEvent::UnknownRank;
-        };
-        r.messages.fetch_add(1, Relaxed);
-        if seq < 0 {
-            self.refusals.refuse(Refusal::NumberOutOfRange, || {
-                format!("rank {rank}: seq {seq}: expected >= 0")
-            });
-            return SeqEvent::OutOfRange;
-        }
-        let prev = r.last_seq.swap(seq, Relaxed);
-        if prev < 0 || prev.checked_add(1) == Some(seq) {
-            SeqEvent::InOrder
-        } else if seq <= prev {
-            r.restarts.fetch_add(1, Relaxed);
-            SeqEvent::Restart
-        } else {
-            // 0 <= prev < seq - 1: no overflow; the counter saturates rather than wraps.
-            let missed = (seq - prev - 1) as u64;
-            let _ = r
-                .gaps
-                .fetch_update(Relaxed, Relaxed, |g| Some(g.saturating_add(missed)));
-            SeqEvent::Gap
-        }
     }
 
     fn aggregate(&self) {
@@ -476,18 +454,6 @@ impl Worker {
     pub fn set_healthy(&self, ok: bool) -> bool {
         self.health.set(ok)
     }
-}
-
-/// What a sequence number told us.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeqEvent {
-    InOrder,
-    Gap,
-    /// Seq went backwards: the publisher restarted. Its message is used at once.
-    Restart,
-    UnknownRank,
-    /// A negative seq: refused, the rank's seq left as it was.
-    OutOfRange,
 }
 
 #[cfg(test)]

@@ -54,6 +54,8 @@ pub struct RankState {
     pub restarts: AtomicU64,
     pub running: AtomicI64,
     pub waiting: AtomicI64,
+    /// Requests waiting for their KV (a PD engine's transfer queues, [`crate::pd`]).
+    pub pd_pending: AtomicI64,
     /// The rank's measured prefill speed.
     pub prefill: PrefillRate,
 }
@@ -110,6 +112,7 @@ impl RankState {
             restarts: AtomicU64::new(0),
             running: AtomicI64::new(0),
             waiting: AtomicI64::new(0),
+            pd_pending: AtomicI64::new(0),
             backlog: AtomicI64::new(0),
             token_usage_bits: AtomicU64::new(0),
             us_per_token_bits: AtomicU64::new(super::prefill_rate::PRIOR_US_PER_TOKEN.to_bits()),

@@ -32,6 +32,19 @@ pub fn resolve(
     path: &str,
     asked: &Asked,
 ) -> Result<Resolved, Response> {
+    resolve_counted(st, roster, path, asked, true)
+}
+
+/// [`resolve`], counting the request on its model only when `count` (a PD request resolves on
+/// both sides and counts once).
+#[allow(clippy::result_large_err)]
+pub fn resolve_counted(
+    st: &AppState,
+    roster: &Roster,
+    path: &str,
+    asked: &Asked,
+    count: bool,
+) -> Result<Resolved, Response> {
     if !MODEL_ROUTES.contains(&path) {
         return Ok(Resolved {
             set: super::SetId::All,
@@ -43,7 +56,12 @@ pub fn resolve(
     let table = &roster.models;
     match table.resolve(asked.model.as_deref(), asked.lora_path.as_deref(), default) {
         Ok(r) => {
-            if let Some(s) = r.model.as_deref().and_then(|m| table.stats(m)) {
+            if let Some(s) = r
+                .model
+                .as_deref()
+                .and_then(|m| table.stats(m))
+                .filter(|_| count)
+            {
                 s.requests.fetch_add(1, Relaxed);
             }
             Ok(r)

@@ -77,4 +77,13 @@ impl Registry {
         let Records { served, stats, .. } = &mut *r;
         ModelTable::build(workers, candidates, served, stats)
     }
+
+    /// The table of one side of a PD fleet (a subset of the workers [`Registry::table`] was last
+    /// built over): its models count into the fleet's counters, and the fleet's list of counters
+    /// is left as the whole fleet's table made it.
+    pub fn side_table(&self, workers: &[Arc<Worker>], candidates: &CandidateList) -> ModelTable {
+        let r = self.lock();
+        let mut shared = r.stats.clone();
+        ModelTable::build(workers, candidates, &r.served, &mut shared)
+    }
 }

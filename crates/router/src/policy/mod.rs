@@ -6,12 +6,15 @@
 //!
 //! * load only: `round_robin`, `random`, `power_of_two`, `least_load` (here);
 //! * [`cache_aware`]: SGLang's cache-aware algorithm (thresholds in [`CacheAware`]);
-//! * [`min_ttft`]: loadlink's cost policy, the predicted time to first token ([`MinTtft`]).
+//! * [`min_ttft`]: loadlink's cost policy, the predicted time to first token ([`MinTtft`]);
+//! * [`decode_load`]: a PD fleet's decode side ([`DecodeLoad`]).
 
 pub mod cache_aware;
+pub mod decode_load;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
+pub use decode_load::DecodeLoad;
 pub use min_ttft::{AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
@@ -81,6 +84,12 @@ pub trait View {
     fn inflight(&self, _i: usize) -> i64 {
         0
     }
+    /// Requests on worker `i` waiting for their KV to arrive (a PD decode engine's pre-allocation
+    /// and transfer queues, its snapshot's `disaggregation` section, as last reported); `None`:
+    /// not known. Read only where [`View::engine_requests`] says the load is fresh.
+    fn pending_transfers(&self, _i: usize) -> Option<i64> {
+        None
+    }
     /// Everything a cost policy reads of worker `i`, in one call: a view that can read it in one
     /// go (the fleet's, per rank) overrides this, which composes the calls above.
     #[inline]
@@ -121,6 +130,8 @@ pub enum Policy {
     CacheAware(CacheAware),
     /// loadlink's cost policy: the least predicted time to first token.
     MinTtft(MinTtft),
+    /// A PD decode side's load: requests, pending KV transfers, KV usage.
+    DecodeLoad(DecodeLoad),
 }
 
 impl Policy {
@@ -132,9 +143,10 @@ impl Policy {
             "least_load" => Ok(Policy::LeastLoad),
             "cache_aware" => Ok(Policy::CacheAware(CacheAware::default())),
             "min_ttft" => Ok(Policy::MinTtft(MinTtft::default())),
+            "decode_load" => Ok(Policy::DecodeLoad(DecodeLoad::default())),
             o => Err(format!(
                 "unknown policy {o:?}; expected round_robin, random, power_of_two, least_load, \
-                 cache_aware or min_ttft"
+                 cache_aware, min_ttft or decode_load"
             )),
         }
     }
@@ -147,6 +159,7 @@ impl Policy {
             Policy::LeastLoad => "least_load",
             Policy::CacheAware(_) => "cache_aware",
             Policy::MinTtft(_) => "min_ttft",
+            Policy::DecodeLoad(_) => "decode_load",
         }
     }
 
@@ -191,6 +204,7 @@ impl Policy {
             Policy::LeastLoad => return least_available(view, entropy),
             Policy::CacheAware(p) => return p.pick(view, entropy),
             Policy::MinTtft(p) => return p.pick(view, entropy),
+            Policy::DecodeLoad(p) => return p.pick(view, entropy),
         };
         if view.available(first) {
             return Some(first);

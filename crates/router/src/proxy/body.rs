@@ -74,7 +74,7 @@ impl HttpBody for GuardedBody {
 
 /// The client's response: the upstream status and content headers, and its body streamed through
 /// a [`GuardedBody`] that keeps `guard` until the body ends.
-pub(super) fn pass_through(
+pub(crate) fn pass_through(
     resp: hyper::Response<hyper::body::Incoming>,
     guard: InflightGuard,
     ticket: Option<AdapterTicket>,
