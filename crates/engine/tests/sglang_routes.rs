@@ -64,8 +64,13 @@ fn router_view(entry: &Value) -> (i64, i64) {
 async fn get_load_reports_every_rank_and_follows_a_running_request() {
     let e = loadlink_testkit::engine(|c| c.dp_size = 2).await;
     let (c, url) = (reqwest::Client::new(), e.url());
-    let idle = wait_until("both ranks in /get_load", WAIT_SECS, || {
-        get_load(&c, &url, 2)
+    // A rank is listed before its first publish (all zeros): wait until both have published.
+    let idle = wait_until("both ranks published in /get_load", WAIT_SECS, || async {
+        let l = get_load(&c, &url, 2).await?;
+        match l.iter().all(|r| r["max_total_num_tokens"].as_i64() > Some(0)) {
+            true => Ok(l),
+            false => Err(format!("{l:?}")),
+        }
     })
     .await;
     let ranks: Vec<(i64, i64)> = idle.iter().map(router_view).collect();
