@@ -20,7 +20,7 @@ pub struct PdArgs {
     /// /v1/chat/completions) goes to one prefill and one decode engine at once, with
     /// bootstrap_host/bootstrap_port/bootstrap_room added (SGLang's fields); the client gets the
     /// decode engine's answer. Workers come from --prefill/--decode, and from --worker-urls, DNS
-    /// or POST /workers by their /server_info disaggregation_mode. See docs/router.md, "PD".
+    /// or POST /workers by their /server_info disaggregation_mode. See docs/router.md, "Prefill–decode disaggregation".
     #[arg(long = "pd", visible_alias = "pd-disaggregation")]
     #[serde(default)]
     pd: bool,
@@ -30,7 +30,7 @@ pub struct PdArgs {
     #[serde(default)]
     prefill: Vec<String>,
     /// A decode engine. Repeatable.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     #[serde(default)]
     decode: Vec<String>,
     /// The prefill side's policy (any --policy value; default min_ttft: prefill backlog and

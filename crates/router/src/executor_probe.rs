@@ -72,10 +72,8 @@ impl ExecutorProbe {
     }
 
     pub fn write(&self, e: &mut Exposition) {
-        let buckets = LATENESS_BUCKETS_MS
-            .iter()
-            .zip(&self.buckets)
-            .map(|(ms, n)| (ms / 1000.0, n.load(Relaxed)));
+        // The ticker observes while this reads: each bucket at least the one before it.
+        let (buckets, floor) = crate::metrics::cumulative(&LATENESS_BUCKETS_MS, &self.buckets);
         e.family(
             "loadlink_executor_lateness_seconds",
             MetricType::Histogram,
@@ -84,7 +82,7 @@ impl ExecutorProbe {
         .histogram(
             &(),
             buckets,
-            self.ticks(),
+            self.ticks().max(floor),
             self.sum_us.load(Relaxed) as f64 / 1e6,
         );
         e.single(
@@ -110,6 +108,15 @@ mod tests {
         assert_eq!(p.max(), Duration::from_millis(7));
         let counts: Vec<u64> = p.buckets.iter().map(|b| b.load(Relaxed)).collect();
         assert_eq!(counts, vec![1, 1, 2, 3, 3, 3, 3]);
+    }
+
+    #[test]
+    fn a_bucket_read_mid_observation_is_never_below_the_one_before() {
+        // As a scrape can read it: bucket 0 counted an observation that bucket 1 has not yet.
+        let counts = [3u64, 2, 5].map(AtomicU64::new);
+        let (buckets, floor) = crate::metrics::cumulative(&[1.0, 2.0, 5.0], &counts);
+        assert_eq!(buckets, vec![(0.001, 3), (0.002, 3), (0.005, 5)]);
+        assert_eq!(floor, 5);
     }
 
     #[tokio::test(flavor = "current_thread")]

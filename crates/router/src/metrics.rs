@@ -88,10 +88,7 @@ impl Metrics {
         for (class, n) in STATUS_CLASSES.iter().zip(&self.status) {
             f.sample(&[("class", class)], n.load(Relaxed));
         }
-        let buckets = TTFB_BUCKETS_MS
-            .iter()
-            .zip(&self.ttfb_buckets)
-            .map(|(ms, n)| (ms / 1000.0, n.load(Relaxed)));
+        let (buckets, floor) = cumulative(&TTFB_BUCKETS_MS, &self.ttfb_buckets);
         e.family(
             "loadlink_router_upstream_headers_seconds",
             MetricType::Histogram,
@@ -100,10 +97,27 @@ impl Metrics {
         .histogram(
             &(),
             buckets,
-            self.ttfb_count.load(Relaxed),
+            self.ttfb_count.load(Relaxed).max(floor),
             self.ttfb_sum_us.load(Relaxed) as f64 / 1e6,
         );
     }
+}
+
+/// A histogram's cumulative buckets (`(le seconds, count)` from bounds in ms), read while it may
+/// be observed: an observation between two reads could make a bucket look larger than the next,
+/// which is not a valid page; each is read as at least the one before. Also the largest, a floor
+/// for the count read after them.
+pub(crate) fn cumulative(bounds_ms: &[f64], counts: &[AtomicU64]) -> (Vec<(f64, u64)>, u64) {
+    let mut floor = 0;
+    let buckets = bounds_ms
+        .iter()
+        .zip(counts)
+        .map(|(ms, n)| {
+            floor = floor.max(n.load(Relaxed));
+            (ms / 1000.0, floor)
+        })
+        .collect();
+    (buckets, floor)
 }
 
 loadlink_wire::label_set! {

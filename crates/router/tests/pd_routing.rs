@@ -400,3 +400,39 @@ async fn roles_are_discovered_from_server_info_and_regular_workers_take_no_pd_re
         (4, 4, 0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_error_is_answered_without_waiting_for_the_prefill() {
+    // The prefill leg would take a minute; the decode engine refuses at once.
+    let p = capture_engine(
+        "prefill",
+        9601,
+        Answer::Slow {
+            events: 1,
+            every_ms: 60_000,
+        },
+    )
+    .await;
+    let d = capture_engine("decode", 0, Answer::Status(400)).await;
+    let r = pd_router(
+        vec![(p.url.clone(), None)],
+        vec![d.url.clone()],
+        default_policies(),
+    )
+    .await;
+    let (c, base) = (reqwest::Client::new(), r.url());
+    let ask = send(&c, &base, "/generate", json!({"text": "q"}));
+    let (status, text) = tokio::time::timeout(std::time::Duration::from_secs(30), ask)
+        .await
+        .expect("answered before the prefill leg ends");
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("decode engine answered 400"), "{text}");
+    wait_for("the prefill leg closed", 10, || {
+        let (c, base) = (c.clone(), base.clone());
+        async move {
+            let m = scrape(&c, &base).await;
+            m.value("loadlink_pd_inflight", &[("role", "prefill")]) == Some(0.0)
+        }
+    })
+    .await;
+}

@@ -35,7 +35,8 @@ pub enum Outcome {
     PrefillFailed,
     /// Every attempt failed to connect or got 502–504.
     Exhausted,
-    /// No pair could be formed (a side without an available worker, or refused by admission).
+    /// Answered before any dispatch: a side without an available worker, a refusal by admission,
+    /// or a request refused as read (its body, its model).
     NoPair,
 }
 

@@ -6,7 +6,8 @@
 //!   caller retries with a new room, the failed worker excluded, and the other leg is dropped
 //!   here — its connection closed — so no room is ever prefilled on two engines.
 //! * A prefill 4xx is passed to the client; any other prefill error answer fails the request (it is
-//!   passed through too: the client sees the engine's own error).
+//!   passed through too: the client sees the engine's own error). A decode error answer is the
+//!   client's at once, whatever the prefill leg is doing.
 //! * A JSON answer waits for both: the decode engine's body is passed on only once the prefill's
 //!   ended cleanly, else the client gets a 502 naming the prefill failure.
 //! * A streamed (SSE) answer starts at once; the prefill leg is drained beside it
@@ -74,9 +75,15 @@ pub async fn run(
                 Err(e) => return PairEnd::Failed(super::Role::Prefill, format!("prefill {e}")),
             },
             r = &mut d, if d_resp.is_none() => match leg(r, &du, st.cfg.upstream_timeout_ms) {
-                Ok(resp) if !retryable(resp.status()) => {
+                Ok(resp) if resp.status().is_success() => {
                     st.metrics.observe_ttfb(started.elapsed());
                     d_resp = Some(resp);
+                }
+                // The decode engine refused or failed on its own: its answer is the client's at
+                // once (its prefill leg, dropped here, would only wait for a decode side).
+                Ok(resp) if !retryable(resp.status()) => {
+                    st.metrics.count_status(resp.status().as_u16());
+                    return PairEnd::Answered(crate::proxy::pass_through(resp, dg, None), Outcome::Decoded);
                 }
                 Ok(resp) => return PairEnd::Failed(super::Role::Decode, format!("decode {du} answered {}", resp.status())),
                 Err(e) => return PairEnd::Failed(super::Role::Decode, format!("decode {e}")),

@@ -119,7 +119,10 @@ fn a_decode_engines_transfer_queues_price_it_away() {
     ws[0].record(0, 0, &snap(3, 2));
     ws[1].record(0, 0, &snap(0, 0));
     let view = FleetView::new(&ws, LoadSignal::Backlog, 60_000);
-    assert_eq!((view.pending_transfers(0), view.pending_transfers(1)), (Some(5), Some(0)));
+    assert_eq!(
+        (view.pending_transfers(0), view.pending_transfers(1)),
+        (Some(5), Some(0))
+    );
     let p = DecodeLoad::default();
     assert_eq!((p.cost(&view, 0), p.cost(&view, 1)), (7.0, 2.0));
     assert_eq!(p.pick(&view, 0), Some(1));
