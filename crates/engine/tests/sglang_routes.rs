@@ -67,7 +67,10 @@ async fn get_load_reports_every_rank_and_follows_a_running_request() {
     // A rank is listed before its first publish (all zeros): wait until both have published.
     let idle = wait_until("both ranks published in /get_load", WAIT_SECS, || async {
         let l = get_load(&c, &url, 2).await?;
-        match l.iter().all(|r| r["max_total_num_tokens"].as_i64() > Some(0)) {
+        match l
+            .iter()
+            .all(|r| r["max_total_num_tokens"].as_i64() > Some(0))
+        {
             true => Ok(l),
             false => Err(format!("{l:?}")),
         }
