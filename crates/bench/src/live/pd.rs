@@ -49,7 +49,7 @@ impl PdWorkers {
         let d = self
             .decode
             .get(((h >> 32) % self.decode.len().max(1) as u64) as usize)?;
-        Some((p, d, mix(h ^ 0x500_e) >> 1))
+        Some((p, d, mix(h ^ 0x500e) >> 1))
     }
 }
 
