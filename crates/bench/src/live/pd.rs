@@ -150,4 +150,37 @@ mod tests {
         assert_eq!(b["max_tokens"], 3);
         assert!(PdWorkers::default().direct_pair(0).is_none());
     }
+
+    #[test]
+    fn loadlink_route_is_told_both_sides_and_both_policies_on_a_pd_fleet() {
+        use super::super::routers::route_args;
+        let f = fleet();
+        let pd = route_args(
+            5,
+            (&[], Some(&f)),
+            ("min_ttft", "backlog", Some("round_robin")),
+        );
+        let pd = pd.join(" ");
+        assert!(
+            pd.starts_with("route --port 5 --pd --prefill http://127.0.0.1:7001 9001"),
+            "{pd}"
+        );
+        assert!(pd.contains("--decode http://127.0.0.1:7004"), "{pd}");
+        assert!(
+            pd.ends_with(
+                "--prefill-policy min_ttft --load-signal backlog --decode-policy round_robin"
+            ),
+            "{pd}"
+        );
+        assert!(
+            !pd.contains("--worker-urls") && !pd.contains("--policy min_ttft"),
+            "{pd}"
+        );
+        let urls = ["http://a".to_string(), "http://b".to_string()];
+        let plain = route_args(5, (&urls, None), ("min_ttft", "backlog", None)).join(" ");
+        assert_eq!(
+            plain,
+            "route --port 5 --policy min_ttft --load-signal backlog --worker-urls http://a http://b"
+        );
+    }
 }

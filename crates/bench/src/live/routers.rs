@@ -75,7 +75,7 @@ pub(super) async fn start(
 
 /// `loadlink route`'s arguments for one replica on `port`: every engine by URL, or on a PD fleet
 /// both sides with the prefill policy, load signal and decode policy.
-fn route_args(
+pub(super) fn route_args(
     port: u16,
     (engines, pd): (&[String], Option<&PdWorkers>),
     (policy, signal, decode): (&str, &str, Option<&str>),
