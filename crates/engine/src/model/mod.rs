@@ -388,16 +388,7 @@ impl Scheduler {
                 self.pd.transfer.push(req);
                 continue;
             }
-            if req.generated >= req.max_new {
-                events.push(Event::Finished {
-                    id: req.id,
-                    prompt_tokens: req.prompt,
-                    completion_tokens: req.generated,
-                });
-                self.finish(req);
-            } else {
-                self.running.push(req);
-            }
+            self.finish_or_run(req, &mut events);
         }
         self.record(duration, events.len() as u64);
         Some(Step {

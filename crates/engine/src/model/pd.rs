@@ -148,16 +148,7 @@ impl Scheduler {
             (req.prefilled, req.generated) = (req.prompt, 1);
             self.record_hit(0, req.prompt);
             events.push(Event::FirstToken { id: req.id });
-            if req.generated >= req.max_new {
-                events.push(Event::Finished {
-                    id: req.id,
-                    prompt_tokens: req.prompt,
-                    completion_tokens: req.generated,
-                });
-                self.finish(req);
-            } else {
-                self.running.push(req);
-            }
+            self.finish_or_run(req, &mut events);
         }
         events
     }

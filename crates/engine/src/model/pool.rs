@@ -7,7 +7,7 @@
 //! admission and for the published `num_used_tokens`; they are evicted, least recently used first,
 //! only when a step needs the room, and before any running request is retracted.
 
-use super::{HIT_RATE_WINDOW_S, Req, Scheduler};
+use super::{Event, HIT_RATE_WINDOW_S, Req, Scheduler};
 use crate::radix::PathLock;
 use loadlink_wire::tokenize::OUTPUT_TOKEN;
 
@@ -122,6 +122,20 @@ impl Scheduler {
 
     /// A finished request caches its prompt and the output tokens that have KV (all but the
     /// last), then releases its lock; its own pages that did not become cache pages are freed.
+    /// `req` finished when it has generated all it may (announced in `events`), else it runs on.
+    pub(super) fn finish_or_run(&mut self, req: Req, events: &mut Vec<Event>) {
+        if req.generated >= req.max_new {
+            events.push(Event::Finished {
+                id: req.id,
+                prompt_tokens: req.prompt,
+                completion_tokens: req.generated,
+            });
+            self.finish(req);
+        } else {
+            self.running.push(req);
+        }
+    }
+
     pub(super) fn finish(&mut self, mut req: Req) {
         if let Some(prompt) = &req.tokens {
             let mut seq = Vec::with_capacity(prompt.len() + req.generated as usize);

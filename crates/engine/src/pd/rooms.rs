@@ -84,15 +84,7 @@ impl Rooms {
         tokens: u64,
     ) -> Result<oneshot::Receiver<Failure>, String> {
         let mut t = self.table.lock().map_err(|_| "room table poisoned")?;
-        if t.len() >= MAX_ROOMS && !t.contains_key(&room) {
-            return Err(format!("too many open rooms (at most {MAX_ROOMS})"));
-        }
-        let entry = t.entry(room).or_insert_with(|| Room {
-            local: None,
-            peer: None,
-            since: Instant::now(),
-            transferring: false,
-        });
+        let entry = open_room(&mut t, room)?;
         if entry.local.is_some() {
             return Err(format!(
                 "bootstrap_room {room} is already in use on this engine"
@@ -127,15 +119,7 @@ impl Rooms {
     /// table is full.
     pub(crate) fn register(self: &Arc<Self>, room: u64, peer: Peer) -> Result<(), String> {
         let mut t = self.table.lock().map_err(|_| "room table poisoned")?;
-        if t.len() >= MAX_ROOMS && !t.contains_key(&room) {
-            return Err(format!("too many open rooms (at most {MAX_ROOMS})"));
-        }
-        let entry = t.entry(room).or_insert_with(|| Room {
-            local: None,
-            peer: None,
-            since: Instant::now(),
-            transferring: false,
-        });
+        let entry = open_room(&mut t, room)?;
         if entry.peer.is_some() {
             return Err(format!("room {room} is already registered"));
         }
@@ -278,4 +262,17 @@ impl Rooms {
             !stale
         });
     }
+}
+
+/// Room `room`'s entry, opened empty if it is new; refused when the table is full.
+fn open_room(t: &mut HashMap<u64, Room>, room: u64) -> Result<&mut Room, String> {
+    if t.len() >= MAX_ROOMS && !t.contains_key(&room) {
+        return Err(format!("too many open rooms (at most {MAX_ROOMS})"));
+    }
+    Ok(t.entry(room).or_insert_with(|| Room {
+        local: None,
+        peer: None,
+        since: Instant::now(),
+        transferring: false,
+    }))
 }
