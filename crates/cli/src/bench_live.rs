@@ -24,7 +24,7 @@ pub struct LiveArgs {
     /// A loadlink variant, POLICY/SIGNAL (`loadlink route --policy POLICY --load-signal SIGNAL`),
     /// e.g. power_of_two/backlog; repeatable, run in the order given. Without --variant or
     /// --external-router: the simulation's seven variants. On the PD fleet of `--scenario s6`
-    /// (2 prefill + 2 decode engines): `loadlink route --pd --prefill-policy POLICY --load-signal
+    /// (2 prefill + 2 decode engines, `--prefill-engines`): `loadlink route --pd --prefill-policy POLICY --load-signal
     /// SIGNAL`, and POLICY/SIGNAL+DECODE adds `--decode-policy DECODE`.
     #[arg(long = "variant", value_name = "POLICY/SIGNAL", value_parser = LiveVariant::parse_loadlink)]
     variants: Vec<LiveVariant>,
@@ -50,6 +50,10 @@ pub struct LiveArgs {
     /// (`model: "base"` and `lora_path: "adapter"`).
     #[arg(long, default_value = "colon", value_parser = AdapterField::parse)]
     adapter_field: AdapterField,
+    /// On the PD fleet of `--scenario s6`: how many of its 4 engines are prefill engines (the rest
+    /// decode), 1 to 3. The simulator's S6 shows 2 + 2 is decode-bound on S3's mix and 1 + 3 is not.
+    #[arg(long, default_value_t = loadlink_bench::scenario::pd::PREFILL_ENGINES)]
+    prefill_engines: usize,
 }
 
 pub fn run(a: LiveArgs) -> Result<()> {
@@ -65,7 +69,15 @@ pub fn run(a: LiveArgs) -> Result<()> {
         );
     }
     // S6 runs live on its PD fleet (its aggregated baseline is S3 on the same trace).
-    let pd_prefill = (s.name == "s6").then_some(loadlink_bench::scenario::pd::PREFILL_ENGINES);
+    let pd_prefill = (s.name == "s6").then_some(a.prefill_engines);
+    if pd_prefill.is_some() && !(1..s.engines).contains(&a.prefill_engines) {
+        anyhow::bail!(
+            "--prefill-engines {}: expected 1 to {} (the rest of the {} engines decode)",
+            a.prefill_engines,
+            s.engines - 1,
+            s.engines
+        );
+    }
     if pd_prefill.is_some() && a.ranks != 1 {
         anyhow::bail!(
             "--ranks {}: the PD fleet of s6 runs one-rank engines",
