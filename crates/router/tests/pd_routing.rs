@@ -44,6 +44,24 @@ async fn pd_router(
     r
 }
 
+/// One prefill engine (bootstrap port `port`) answering `prefill`, one decode engine answering
+/// `decode`, and a PD router over the pair with the default policies.
+async fn one_pair(
+    port: u16,
+    prefill: Answer,
+    decode: Answer,
+) -> (CaptureEngine, CaptureEngine, RouterHandle) {
+    let p = capture_engine("prefill", port, prefill).await;
+    let d = capture_engine("decode", 0, decode).await;
+    let r = pd_router(
+        vec![(p.url.clone(), None)],
+        vec![d.url.clone()],
+        default_policies(),
+    )
+    .await;
+    (p, d, r)
+}
+
 fn default_policies() -> (Policy, Policy) {
     let pd = PdConfig::default();
     (pd.prefill_policy, pd.decode_policy)
@@ -249,22 +267,11 @@ async fn prefill_errors_reach_the_client_as_sglang_routers_pass_them() {
         (503, 502, "exhausted"),
     ];
     for (answer, want, outcome) in cases {
-        let p = capture_engine("prefill", 9301, Answer::Status(answer)).await;
-        let d = capture_engine(
-            "decode",
-            0,
-            Answer::Slow {
-                events: 1,
-                every_ms: 50,
-            },
-        )
-        .await;
-        let r = pd_router(
-            vec![(p.url.clone(), None)],
-            vec![d.url.clone()],
-            default_policies(),
-        )
-        .await;
+        let slow = Answer::Slow {
+            events: 1,
+            every_ms: 50,
+        };
+        let (p, _d, r) = one_pair(9301, Answer::Status(answer), slow).await;
         let (c, base) = (reqwest::Client::new(), r.url());
         let (status, text) = send(&c, &base, "/generate", json!({"text": "q"})).await;
         assert_eq!(status, want, "prefill {answer}: {text}");
@@ -294,22 +301,11 @@ async fn prefill_errors_reach_the_client_as_sglang_routers_pass_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_cut_mid_stream_ends_the_clients_stream_with_an_error_event() {
-    let p = capture_engine("prefill", 9401, Answer::Cut).await;
-    let d = capture_engine(
-        "decode",
-        0,
-        Answer::Slow {
-            events: 40,
-            every_ms: 50,
-        },
-    )
-    .await;
-    let r = pd_router(
-        vec![(p.url.clone(), None)],
-        vec![d.url.clone()],
-        default_policies(),
-    )
-    .await;
+    let slow = Answer::Slow {
+        events: 40,
+        every_ms: 50,
+    };
+    let (_p, _d, r) = one_pair(9401, Answer::Cut, slow).await;
     let (c, base) = (reqwest::Client::new(), r.url());
     let (status, text) = send(
         &c,
@@ -404,22 +400,11 @@ async fn roles_are_discovered_from_server_info_and_regular_workers_take_no_pd_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_error_is_answered_without_waiting_for_the_prefill() {
     // The prefill leg would take a minute; the decode engine refuses at once.
-    let p = capture_engine(
-        "prefill",
-        9601,
-        Answer::Slow {
-            events: 1,
-            every_ms: 60_000,
-        },
-    )
-    .await;
-    let d = capture_engine("decode", 0, Answer::Status(400)).await;
-    let r = pd_router(
-        vec![(p.url.clone(), None)],
-        vec![d.url.clone()],
-        default_policies(),
-    )
-    .await;
+    let minute = Answer::Slow {
+        events: 1,
+        every_ms: 60_000,
+    };
+    let (_p, _d, r) = one_pair(9601, minute, Answer::Status(400)).await;
     let (c, base) = (reqwest::Client::new(), r.url());
     let ask = send(&c, &base, "/generate", json!({"text": "q"}));
     let (status, text) = tokio::time::timeout(std::time::Duration::from_secs(30), ask)
