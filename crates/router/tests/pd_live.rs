@@ -99,12 +99,7 @@ fn assert_whole(i: usize, (status, text): &(u16, String)) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovered_pd_engines_prefill_and_decode_each_room_once() {
     let f = pd_engines(2, 2, |_, c| c.time_scale = 20.0).await;
-    let all: Vec<String> = f
-        .prefill
-        .iter()
-        .chain(&f.decode)
-        .map(|e| e.url.clone())
-        .collect();
+    let all = f.urls();
     // No --prefill/--decode: the roles and bootstrap ports come from /server_info.
     let (_r, c, base) = pd_router(all, PdConfig::default(), 4).await;
     for w in workers(&c, &base).await {
@@ -253,12 +248,7 @@ async fn direct_load_on_one_prefill_engine_moves_new_prefills_away() {
         }
     })
     .await;
-    let all: Vec<String> = f
-        .prefill
-        .iter()
-        .chain(&f.decode)
-        .map(|e| e.url.clone())
-        .collect();
+    let all = f.urls();
     let (_r, c, base) = pd_router(all, PdConfig::default(), 3).await;
     let (busy, idle) = (&f.prefill[0], &f.prefill[1]);
     // 16 prompts of 4,000 tokens sent straight to one prefill engine, served there without a

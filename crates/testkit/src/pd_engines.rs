@@ -35,6 +35,12 @@ pub struct PdFleet {
 }
 
 impl PdFleet {
+    /// Every engine's URL, prefill first.
+    pub fn urls(&self) -> Vec<String> {
+        let all = self.prefill.iter().chain(&self.decode);
+        all.map(|e| e.url.clone()).collect()
+    }
+
     /// Stops every engine.
     pub async fn stop(self) {
         for e in self.prefill.into_iter().chain(self.decode) {
