@@ -227,6 +227,11 @@ loadlink_wire::label_set! {
 }
 
 loadlink_wire::label_set! {
+    /// The label of `loadlink_engine_pd_bootstrap_refused_total`.
+    struct Reason { reason: &'static str }
+}
+
+loadlink_wire::label_set! {
     /// The label of `loadlink_engine_pd_rooms_waiting`.
     struct Role { role: &'static str }
 }
@@ -260,6 +265,23 @@ fn pd_families(page: &mut Exposition, st: &AppState) {
         "Disaggregated requests waiting now (prefill: KV not sent yet; decode: KV not arrived yet)",
     );
     family.sample(&Role { role }, st.pd.waiting());
+    drop(family);
+    if mode != crate::pd::PdMode::Prefill {
+        return;
+    }
+    let mut family = page.family(
+        "loadlink_engine_pd_bootstrap_refused_total",
+        MetricType::Counter,
+        "Decode peers the bootstrap server refused, by reason: connections (over the connection \
+         budget, closed on accept), frame (malformed, over-budget or unexpected frame; connection \
+         closed), register (a registration refused: room taken or the room table full)",
+    );
+    for why in crate::pd::rooms::Refusal::ALL {
+        let reason = Reason {
+            reason: why.label(),
+        };
+        family.sample(&reason, st.pd.rooms.refused(why));
+    }
 }
 
 /// `loadlink_publish_total{rank,sink,outcome}`: every sink's outcomes, KV events included.

@@ -201,8 +201,18 @@ async fn garbage_on_the_bootstrap_port_closes_that_connection_only() {
         .expect("the server closes the connection")
         .unwrap_or(0);
     assert_eq!(n, 0);
-    // The engine still transfers for a well-behaved decode engine.
+    // Both refusals are counted for the operator, by reason.
     let c = reqwest::Client::new();
+    let page = scrape(&c, &f.prefill[0].url).await;
+    let refused = |reason| {
+        page.value(
+            "loadlink_engine_pd_bootstrap_refused_total",
+            &[("reason", reason)],
+        )
+    };
+    assert_eq!(refused("frame"), Some(2.0));
+    assert_eq!(refused("connections"), Some(0.0));
+    // The engine still transfers for a well-behaved decode engine.
     let ok = with_fields(&json!({"text": "fine"}), &f.prefill[0].bootstrap_fields(9));
     let (p, d) = send_both(&c, &f.prefill[0].url, &f.decode[0].url, "/generate", &ok).await;
     assert_eq!((p.0, d.0), (200, 200), "{p:?} {d:?}");

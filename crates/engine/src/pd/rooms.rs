@@ -51,15 +51,53 @@ pub(crate) struct Rooms {
     cfg: PdConfig,
     time_scale: f64,
     outcomes: Arc<[AtomicU64; 3]>,
+    /// Decode peers refused on the bootstrap port, by [`Refusal`].
+    refused: [AtomicU64; 3],
+}
+
+/// Why the bootstrap server refused a decode peer (`loadlink_engine_pd_bootstrap_refused_total`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Refusal {
+    /// More than `MAX_CONNECTIONS` connections at once: the new one is closed on accept.
+    Connections = 0,
+    /// A malformed, over-budget or unexpected frame: its connection is closed.
+    Frame = 1,
+    /// A registration the room table refused (room taken, or the table full).
+    Register = 2,
+}
+
+impl Refusal {
+    pub(crate) const ALL: [Refusal; 3] = [Refusal::Connections, Refusal::Frame, Refusal::Register];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Refusal::Connections => "connections",
+            Refusal::Frame => "frame",
+            Refusal::Register => "register",
+        }
+    }
 }
 
 impl Rooms {
+    /// Counts a refused decode peer; true on the first of its kind and every 1,000th after (the
+    /// caller logs only then: a flood of them must not flood the log).
+    pub(crate) fn refuse(&self, why: Refusal) -> bool {
+        let n = self.refused[why as usize].fetch_add(1, Ordering::Relaxed);
+        n.is_multiple_of(1000)
+    }
+
+    /// Decode peers refused so far, of kind `why`.
+    pub(crate) fn refused(&self, why: Refusal) -> u64 {
+        self.refused[why as usize].load(Ordering::Relaxed)
+    }
+
     pub(crate) fn new(cfg: PdConfig, time_scale: f64, outcomes: Arc<[AtomicU64; 3]>) -> Self {
         Rooms {
             table: Mutex::new(HashMap::new()),
             cfg,
             time_scale: if time_scale > 0.0 { time_scale } else { 1.0 },
             outcomes,
+            refused: Default::default(),
         }
     }
 

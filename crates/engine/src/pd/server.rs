@@ -7,7 +7,7 @@
 //! requests of its rooms.
 
 use super::frame::{Frame, read_frame};
-use super::rooms::{Peer, Rooms};
+use super::rooms::{Peer, Refusal, Rooms};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -66,7 +66,9 @@ async fn accept(listener: TcpListener, rooms: Arc<Rooms>) {
             continue;
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "bootstrap: more than {MAX_CONNECTIONS} decode connections; closing this one");
+            if rooms.refuse(Refusal::Connections) {
+                tracing::warn!(%peer, "bootstrap: more than {MAX_CONNECTIONS} decode connections; closing this one (counted in loadlink_engine_pd_bootstrap_refused_total)");
+            }
             continue;
         };
         let conn = next_conn.fetch_add(1, Ordering::Relaxed);
@@ -103,19 +105,24 @@ async fn serve(stream: TcpStream, conn: u64, rooms: Arc<Rooms>) {
                         frames: tx.clone(),
                     };
                     if let Err(reason) = rooms.register(room, peer) {
+                        rooms.refuse(Refusal::Register);
                         tracing::debug!(room, dp_rank, "bootstrap: register refused: {reason}");
                         let _ = tx.send(Frame::Failed { room, reason });
                     }
                 }
                 Ok(Some(other)) => {
-                    tracing::warn!(
-                        ?peer_addr,
-                        "bootstrap: a decode side sent {other:?}; closing"
-                    );
+                    if rooms.refuse(Refusal::Frame) {
+                        tracing::warn!(
+                            ?peer_addr,
+                            "bootstrap: a decode side sent {other:?}; closing"
+                        );
+                    }
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(?peer_addr, "bootstrap: {e}; closing the connection");
+                    if rooms.refuse(Refusal::Frame) {
+                        tracing::warn!(?peer_addr, "bootstrap: {e}; closing the connection");
+                    }
                     return;
                 }
             }
