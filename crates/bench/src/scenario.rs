@@ -326,7 +326,17 @@ pub const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
     tier_pricing: loadlink_router::policy::TierPricing::Aware,
     host_load_tokens_per_s: loadlink_router::policy::DEFAULT_HOST_LOAD_TOKENS_PER_S,
     adapter_pricing: loadlink_router::policy::AdapterPricing::Aware,
+    fleet_pricing: loadlink_router::policy::FleetPricing::Aware,
 });
+
+/// `min_ttft` as it was before fleet pricing (issue 24's "today"): this request's TTFT only.
+pub const MIN_TTFT_TODAY: Policy = match MIN_TTFT {
+    Policy::MinTtft(p) => Policy::MinTtft(MinTtft {
+        fleet_pricing: loadlink_router::policy::FleetPricing::Blind,
+        ..p
+    }),
+    p => p,
+};
 
 /// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight
 /// load with its approximate tree and on engine load with the KV index (#28600), `min_ttft` on

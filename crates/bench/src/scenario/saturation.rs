@@ -14,9 +14,14 @@
 //! Both are calibrated as S3 is: the load is a fraction of what a cache-blind fleet sustains. The
 //! sweep offers each from 50% to 105% of that ([`SWEEP_LOADS`]); [`burst_arrivals`] adds a burst.
 
-use super::{CACHE_VARIANTS, Scenario, Variant, Workload, arrivals, offered_rate, prefix_traffic};
+use super::{
+    CACHE_VARIANTS, MIN_TTFT_TODAY, Scenario, Variant, Workload, arrivals, offered_rate,
+    prefix_traffic, variant,
+};
+use crate::sim::{CacheView, SimRouter};
 use crate::workload::burst::Burst;
 use crate::workload::{AgentSessions, Arrival, GeneratedSharedPrefix, Len, Shape, generate_mix};
+use loadlink_router::LoadSignal;
 
 /// The sweep's offered loads: 50% to 105% of cache-blind capacity in 5% steps.
 pub const SWEEP_LOADS: [f64; 12] = [
@@ -25,13 +30,20 @@ pub const SWEEP_LOADS: [f64; 12] = [
 
 /// The production policies the sweep compares (every one a router users pick today, on the signal
 /// and cache view it runs with): backlog P2C, SGLang's `cache_aware` on in-flight load with its
-/// approximate tree and on engine load with the KV index, and `min_ttft` on either view.
-pub const SWEEP_VARIANTS: [Variant; 5] = [
+/// approximate tree and on engine load with the KV index, `min_ttft` on either view, and
+/// `min_ttft` without fleet pricing (what it was before issue 24).
+pub const SWEEP_VARIANTS: [Variant; 6] = [
     CACHE_VARIANTS[1],
     CACHE_VARIANTS[2],
     CACHE_VARIANTS[3],
     CACHE_VARIANTS[4],
     CACHE_VARIANTS[5],
+    variant(
+        "min_ttft fleet-blind / kv-index",
+        SimRouter::Policy(MIN_TTFT_TODAY),
+        LoadSignal::Backlog,
+        CacheView::Index,
+    ),
 ];
 
 /// The label of the default policy in [`SWEEP_VARIANTS`], whose acceptance the sweep checks.

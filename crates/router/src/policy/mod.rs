@@ -11,11 +11,14 @@
 
 pub mod cache_aware;
 pub mod decode_load;
+pub mod fleet_cost;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
 pub use decode_load::DecodeLoad;
-pub use min_ttft::{AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
+pub use min_ttft::{
+    AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, FleetPricing, MinTtft, TierPricing,
+};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
@@ -89,6 +92,20 @@ pub trait View {
     /// not known. Read only where [`View::engine_requests`] says the load is fresh.
     fn pending_transfers(&self, _i: usize) -> Option<i64> {
         None
+    }
+    /// Worker i's utilisation ρ in [0, 1): the share of its full-batch capacity in use, smoothed
+    /// over the engine's rate window; None when unknown or its load is stale.
+    fn utilisation(&self, _i: usize) -> Option<f64> {
+        None
+    }
+    /// KV pool tokens free on worker i (capacity − used, its fullest rank); None when unknown.
+    fn free_pool_tokens(&self, _i: usize) -> Option<u64> {
+        None
+    }
+    /// Share, 0–1, of what worker i's cache evicted that was stored again within one pool
+    /// turnover (regretted evictions); 0 when unknown.
+    fn eviction_regret(&self, _i: usize) -> f64 {
+        0.0
     }
     /// Everything a cost policy reads of worker `i`, in one call: a view that can read it in one
     /// go (the fleet's, per rank) overrides this, which composes the calls above.
@@ -273,6 +290,8 @@ pub(crate) fn argmin_by<K: PartialOrd>(
 
 #[cfg(test)]
 mod adapter_tests;
+#[cfg(test)]
+mod fleet_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
