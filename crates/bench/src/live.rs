@@ -14,10 +14,11 @@
 //! same trace.
 
 use crate::report::Row;
-use crate::scenario::{Scenario, arrivals};
+use crate::scenario::{Scenario, arrivals, saturation::burst_arrivals};
 use crate::sim::Outcome;
 use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
+pub mod burst;
 pub(crate) mod procs;
 mod routers;
 pub(crate) mod scrape;
@@ -52,6 +53,8 @@ pub struct LiveConfig {
     /// A disaggregated fleet: this many prefill engines, the rest decode ([`pd`]); `None`: every
     /// engine serves whole requests.
     pub pd_prefill: Option<usize>,
+    /// A burst on the trace ([`burst::live_burst`]); the load is then its base.
+    pub burst: Option<crate::workload::burst::Burst>,
 }
 
 async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
@@ -307,10 +310,12 @@ async fn run_variant(
         progress(&note);
     }
     let mut outcome = Outcome {
-        ttft: measured.iter().map(|r| r.0).collect(),
-        e2e: measured.iter().map(|r| r.1).collect(),
-        ttft_floor: measured.iter().map(|r| r.2).collect(),
-        tpot: measured.iter().filter_map(|r| r.3).collect(),
+        // `arrived` aligned with `ttft`, so a burst's figures window by arrival time.
+        arrived: measured.iter().map(|r| r.arrived).collect(),
+        ttft: measured.iter().map(|r| r.ttft).collect(),
+        e2e: measured.iter().map(|r| r.e2e).collect(),
+        ttft_floor: measured.iter().map(|r| r.floor).collect(),
+        tpot: measured.iter().filter_map(|r| r.tpot).collect(),
         completed: measured.len(),
         submitted: b.arrivals.len(),
         makespan,
@@ -388,7 +393,10 @@ pub async fn run_live(
         cfg,
         client,
         engines: engines.urls.clone(),
-        arrivals: arrivals(&scenario, cfg.seed, cfg.load),
+        arrivals: match &cfg.burst {
+            Some(b) => burst_arrivals(&scenario, cfg.seed, b),
+            None => arrivals(&scenario, cfg.seed, cfg.load),
+        },
         openai_model,
         pd: engines.pd.clone(),
     };

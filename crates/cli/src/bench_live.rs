@@ -54,6 +54,13 @@ pub struct LiveArgs {
     /// decode), 1 to 3. The simulator's S6 shows 2 + 2 is decode-bound on S3's mix and 1 + 3 is not.
     #[arg(long, default_value_t = loadlink_bench::scenario::pd::PREFILL_ENGINES)]
     prefill_engines: usize,
+    /// Add issue 24's burst to the trace: --load is the base, and for 30 s the arrivals come 1.5×
+    /// as fast (sessions kept whole: time is warped, no second workload is drawn; `--load 0.8`
+    /// is the simulated burst's 80% → 120%). The burst starts halfway through the rest of
+    /// --duration on a 10 s boundary (150 s: 60 s before, 60 s after), at most 300 s in, and
+    /// each variant reports its p50 TTFT per 10 s window of arrivals and its recovery time.
+    #[arg(long)]
+    burst: bool,
 }
 
 pub fn run(a: LiveArgs) -> Result<()> {
@@ -85,6 +92,13 @@ pub fn run(a: LiveArgs) -> Result<()> {
         );
     }
     (s.engines, s.ranks) = (s.engines / a.ranks, a.ranks);
+    let burst = match a.burst {
+        true => Some(
+            loadlink_bench::live::burst::live_burst(a.duration, load)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        false => None,
+    };
     let (seed, out) = (a.common.seed, &a.common.out);
     let cfg = loadlink_bench::live::LiveConfig {
         exe: std::env::current_exe()?,
@@ -96,6 +110,7 @@ pub fn run(a: LiveArgs) -> Result<()> {
         variants: live_variants(&a),
         adapter_field: a.adapter_field,
         pd_prefill,
+        burst: burst.map(|f| f.burst),
     };
     println!(
         "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
@@ -109,6 +124,22 @@ pub fn run(a: LiveArgs) -> Result<()> {
         s.publish_point.as_str()
     );
     crate::bench_cmd::calibration(&s, seed, load);
+    if let Some(f) = &burst {
+        let b = f.burst;
+        println!(
+            "burst: {:.2} of capacity, {:.2} from {} s for {} s, then {:.2} again{}",
+            b.base,
+            b.peak,
+            b.start_s,
+            b.len_s,
+            b.base,
+            if f.short {
+                " (a short run: under 60 s before or after the burst, figures are a dry run's)"
+            } else {
+                ""
+            }
+        );
+    }
     let load_average_start = load_average();
     let started = std::time::Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -125,10 +156,22 @@ pub fn run(a: LiveArgs) -> Result<()> {
     if pd_prefill.is_some() {
         print!("{}", loadlink_bench::scenario::pd::live_table(&rows));
     }
+    let recoveries = burst.map(|f| {
+        let named = rows.iter().map(|r| (r.label.as_str(), &r.outcome));
+        loadlink_bench::live::burst::recoveries(named, &f.burst, a.duration)
+    });
+    if let Some(rs) = &recoveries {
+        print!("{}", loadlink_bench::live::burst::recovery_table(rs));
+    }
     // The raw samples go in too, so `bench plot` can redraw without a rerun.
     let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
     // How busy the machine was (live figures move with it), and what any external router ran.
     doc["load_average"] = serde_json::json!({ "start": load_average_start, "end": load_average() });
+    if let (Some(f), Some(rs)) = (&burst, &recoveries) {
+        let b = f.burst;
+        doc["burst"] = serde_json::json!({ "start_s": b.start_s, "len_s": b.len_s, "base": b.base, "peak": b.peak, "short": f.short });
+        doc["recovery"] = rs.iter().map(|r| r.json()).collect();
+    }
     if !a.external_routers.is_empty() {
         doc["external_routers"] = a
             .external_routers
@@ -136,15 +179,17 @@ pub fn run(a: LiveArgs) -> Result<()> {
             .map(|e| serde_json::json!({ "variant": e.name, "command": e.template() }))
             .collect();
     }
+    // A burst run is written beside the steady run of the same scenario, not over it.
+    let kind = if burst.is_some() { "-burst" } else { "" };
     let path = out.join(format!(
-        "{}-live{}.json",
+        "{}-live{kind}{}.json",
         s.name,
         crate::bench_cmd::point_suffix(&s)
     ));
     std::fs::write(&path, json_text(&doc))?;
     let plots = plot::ttft_cdf(
         &out.join(format!(
-            "{}-live{}-ttft-cdf",
+            "{}-live{kind}{}-ttft-cdf",
             s.name,
             crate::bench_cmd::point_suffix(&s)
         )),

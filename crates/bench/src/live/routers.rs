@@ -57,9 +57,10 @@ pub(super) async fn start(
             policy,
             signal,
             decode,
+            extra,
         } => {
             let how = (policy.as_str(), signal.as_str(), decode.as_deref());
-            start_loadlink(cfg, client, (engines, pd), how).await
+            start_loadlink(cfg, client, (engines, pd), how, extra).await
         }
         LiveVariant::External(e) if e.wants_pd() != pd.is_some() => Err(format!(
             "{}: {}",
@@ -106,13 +107,15 @@ async fn start_loadlink(
     client: &reqwest::Client,
     (engines, pd): (&[String], Option<&PdWorkers>),
     how: (&str, &str, Option<&str>),
+    extra: &[String],
 ) -> Result<Routers, String> {
     let (policy, signal, _) = how;
     let mut procs = Procs(Vec::new());
     let mut urls = Vec::new();
     for _ in 0..cfg.scenario.routers {
         let port = free_port_block(1)?;
-        let args = route_args(port, (engines, pd), how);
+        let mut args = route_args(port, (engines, pd), how);
+        args.extend(extra.iter().cloned());
         procs.0.push(spawn(&cfg.exe, &args)?);
         urls.push(format!("http://127.0.0.1:{port}"));
     }
@@ -122,8 +125,9 @@ async fn start_loadlink(
         while !ready && Instant::now() < deadline {
             if let Some(status) = child.try_wait().ok().flatten() {
                 return Err(format!(
-                    "loadlink route --policy {policy} --load-signal {signal} exited ({status}); \
-                     is the policy or signal name right?"
+                    "loadlink route --policy {policy} --load-signal {signal} {} exited \
+                     ({status}); are the policy, signal and flags right?",
+                    extra.join(" ")
                 ));
             }
             ready = sees_every_engine(client, u, engines.len()).await;

@@ -24,9 +24,21 @@ use crate::workload::Arrival;
 use loadlink_router::policy::mix;
 use std::time::{Duration, Instant};
 
-/// Per completed request: (TTFT, E2E, TTFT floor, time per output token after the first, when
-/// it has two or more), in virtual seconds.
-pub(super) type Measured = Vec<(f64, f64, f64, Option<f64>)>;
+/// One completed request, in virtual seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Done {
+    /// When the trace sent it (its arrival time, for the windowed figures of a burst).
+    pub(super) arrived: f64,
+    pub(super) ttft: f64,
+    pub(super) e2e: f64,
+    /// Its TTFT on an idle engine.
+    pub(super) floor: f64,
+    /// Time per output token after the first, when it has two or more.
+    pub(super) tpot: Option<f64>,
+}
+
+/// Every completed request, in arrival order.
+pub(super) type Measured = Vec<Done>;
 
 /// Where arrival `i` is sent: a router replica, or an engine for direct traffic.
 fn target(s: &Scenario, i: usize, a: &Arrival, engines: &[String], routers: &[String]) -> String {
@@ -172,14 +184,18 @@ pub(super) async fn drive(
         let (c, body) = (client.clone(), body(a, i, named));
         let pair = pd.filter(|_| a.direct).cloned();
         let later_tokens = a.output_tokens.saturating_sub(1);
+        let arrived = a.t;
         tasks.push(tokio::spawn(async move {
             let sent = match pair {
                 Some(sides) => send_pair(c, at, (&sides, i), body).await,
                 None => send_one(c, at, url, body).await,
             };
-            sent.map(|(ttft, e2e)| {
-                let tpot = (later_tokens > 0).then(|| (e2e - ttft) * k / later_tokens as f64);
-                (ttft * k, e2e * k, floor, tpot)
+            sent.map(|(ttft, e2e)| Done {
+                arrived,
+                ttft: ttft * k,
+                e2e: e2e * k,
+                floor,
+                tpot: (later_tokens > 0).then(|| (e2e - ttft) * k / later_tokens as f64),
             })
         }));
     }

@@ -1,6 +1,7 @@
 //! What a live run compares: loadlink's own router under any `--policy` / `--load-signal` pair
 //! (passed to `loadlink route` as strings, so a policy added to the router is a variant by name,
-//! with no change here), or an external router started from a command template, such as the real
+//! with no change here), optionally with further `loadlink route` flags after the pair (such as
+//! `--fleet-pricing blind`, so one policy's settings compare on the same trace), or an external router started from a command template, such as the real
 //! `sglang-router` from PyPI. Both run on the same engines and the same trace.
 //!
 //! An external template is whitespace-separated words (no shell, no quoting) with placeholders:
@@ -29,38 +30,53 @@ pub enum LiveVariant {
         policy: String,
         signal: String,
         decode: Option<String>,
+        /// Further `loadlink route` arguments, as given after the pair (whitespace-split).
+        extra: Vec<String>,
     },
     External(ExternalRouter),
 }
 
 impl LiveVariant {
-    /// `policy / signal` for loadlink (as the simulation labels its rows), the given name for an
-    /// external router.
+    /// `policy / signal` for loadlink (as the simulation labels its rows; `+ decode` and any
+    /// extra flags after it), the given name for an external router.
     pub fn label(&self) -> String {
         match self {
             LiveVariant::Loadlink {
                 policy,
                 signal,
-                decode: None,
-            } => format!("{policy} / {signal}"),
-            LiveVariant::Loadlink {
-                policy,
-                signal,
-                decode: Some(d),
-            } => format!("{policy} / {signal} + {d}"),
+                decode,
+                extra,
+            } => {
+                let mut l = format!("{policy} / {signal}");
+                if let Some(d) = decode {
+                    l.push_str(&format!(" + {d}"));
+                }
+                for w in extra {
+                    l.push(' ');
+                    l.push_str(w);
+                }
+                l
+            }
             LiveVariant::External(e) => e.name.clone(),
         }
     }
 
     /// `POLICY/SIGNAL`, e.g. `power_of_two/backlog`, or on a PD fleet `POLICY/SIGNAL+DECODE`
-    /// (`min_ttft/backlog+round_robin`); the strings are the router's to judge.
+    /// (`min_ttft/backlog+round_robin`), then optionally more `loadlink route` flags after a
+    /// space (`min_ttft/backlog --fleet-pricing blind`); the strings are the router's to judge.
     pub fn parse_loadlink(spec: &str) -> Result<Self, String> {
         let expected = || {
             format!(
-                "{spec:?}: expected POLICY/SIGNAL or POLICY/SIGNAL+DECODE_POLICY, e.g. \
-                 power_of_two/backlog"
+                "{spec:?}: expected POLICY/SIGNAL or POLICY/SIGNAL+DECODE_POLICY, then optionally \
+                 route flags, e.g. power_of_two/backlog or min_ttft/backlog --fleet-pricing blind"
             )
         };
+        let mut words = spec.split_whitespace();
+        let spec = words.next().ok_or_else(expected)?;
+        let extra: Vec<String> = words.map(String::from).collect();
+        if extra.first().is_some_and(|w| !w.starts_with("--")) {
+            return Err(expected());
+        }
         let (routed, decode) = match spec.split_once('+') {
             Some((r, d)) if !d.trim().is_empty() && !d.contains(['/', '+']) => {
                 (r, Some(d.trim().to_string()))
@@ -77,6 +93,7 @@ impl LiveVariant {
             policy: policy.into(),
             signal: signal.into(),
             decode,
+            extra,
         })
     }
 
@@ -88,6 +105,7 @@ impl LiveVariant {
                 policy: p.as_str().into(),
                 signal: s.as_str().into(),
                 decode: None,
+                extra: Vec::new(),
             })
             .collect()
     }
@@ -299,6 +317,21 @@ mod tests {
         assert_eq!(pd.label(), "min_ttft / backlog + round_robin");
         assert!(LiveVariant::parse_loadlink("min_ttft/backlog+").is_err());
         assert!(LiveVariant::parse_loadlink("min_ttft/backlog+a/b").is_err());
+        let blind = LiveVariant::parse_loadlink("min_ttft/backlog --fleet-pricing blind").unwrap();
+        assert_eq!(blind.label(), "min_ttft / backlog --fleet-pricing blind");
+        let LiveVariant::Loadlink { extra, policy, .. } = &blind else {
+            panic!("{blind:?}")
+        };
+        assert_eq!(
+            (policy.as_str(), extra.as_slice()),
+            (
+                "min_ttft",
+                &["--fleet-pricing".to_string(), "blind".into()][..]
+            )
+        );
+        // What follows the pair must be flags, so a stray word is not taken for one.
+        assert!(LiveVariant::parse_loadlink("min_ttft/backlog blind").is_err());
+        assert!(LiveVariant::parse_loadlink("  ").is_err());
         let d = LiveVariant::defaults();
         assert_eq!(d.len(), VARIANTS.len());
         assert_eq!(d[0].label(), "round_robin / inflight");
