@@ -32,6 +32,8 @@ mod outcome;
 mod pd;
 mod queues;
 mod ranks;
+#[cfg(test)]
+mod utilisation_tests;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;

@@ -207,6 +207,10 @@ impl View for FleetView<'_> {
     fn inflight(&self, i: usize) -> i64 {
         self.pricing(i).inflight
     }
+    #[inline]
+    fn utilisation(&self, i: usize) -> Option<f64> {
+        self.pricing(i).utilisation
+    }
     fn pending_transfers(&self, i: usize) -> Option<i64> {
         let c = self.targets.get(i);
         let w = &self.targets.workers()[c.worker as usize];
@@ -225,6 +229,8 @@ impl View for FleetView<'_> {
             s_per_token: p.us_per_token * 1e-6,
             kv_usage: p.kv_usage,
             inflight: p.inflight,
+            utilisation: p.utilisation,
+            free_pool_tokens: None,
         }
     }
 }

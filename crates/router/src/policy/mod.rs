@@ -90,6 +90,20 @@ pub trait View {
     fn pending_transfers(&self, _i: usize) -> Option<i64> {
         None
     }
+    /// Worker i's utilisation ρ in [0, 1): the share of its full-batch capacity in use, smoothed
+    /// over the engine's rate window; None when unknown or its load is stale.
+    fn utilisation(&self, _i: usize) -> Option<f64> {
+        None
+    }
+    /// KV pool tokens free on worker i (capacity − used, its fullest rank); None when unknown.
+    fn free_pool_tokens(&self, _i: usize) -> Option<u64> {
+        None
+    }
+    /// Share, 0–1, of what worker i's cache evicted that was stored again within one pool
+    /// turnover (regretted evictions); 0 when unknown.
+    fn eviction_regret(&self, _i: usize) -> f64 {
+        0.0
+    }
     /// Everything a cost policy reads of worker `i`, in one call: a view that can read it in one
     /// go (the fleet's, per rank) overrides this, which composes the calls above.
     #[inline]
@@ -100,6 +114,8 @@ pub trait View {
             s_per_token: self.prefill_s_per_token(i),
             kv_usage: self.kv_usage(i),
             inflight: self.inflight(i),
+            utilisation: self.utilisation(i),
+            free_pool_tokens: self.free_pool_tokens(i),
         }
     }
 }
@@ -117,6 +133,10 @@ pub struct Price {
     pub kv_usage: f64,
     /// [`View::inflight`].
     pub inflight: i64,
+    /// [`View::utilisation`].
+    pub utilisation: Option<f64>,
+    /// [`View::free_pool_tokens`].
+    pub free_pool_tokens: Option<u64>,
 }
 
 /// A routing policy and its parameters (`Copy`: it travels in the router's config).
