@@ -50,6 +50,18 @@ impl Worker {
             snap.max_running_requests,
             MAX_REPORTED,
         );
+        let pool = believe(
+            "max_total_num_tokens",
+            snap.max_total_num_tokens,
+            MAX_REPORTED * 1000,
+        );
+        let used = believe("num_used_tokens", snap.num_used_tokens, MAX_REPORTED * 1000);
+        let free = if pool > 0 {
+            pool.saturating_sub(used).max(0) as u64
+        } else {
+            super::ranks::POOL_UNKNOWN
+        };
+        r.pool_free.store(free, Relaxed);
         r.running.store(running, Relaxed);
         r.waiting.store(waiting, Relaxed);
         r.requests.store(running + waiting, Relaxed);
@@ -130,6 +142,7 @@ impl Worker {
             (0i64, 0i64, u64::MAX, u64::MAX, 0i64);
         let (mut tokens_mark, mut tokens_per_us, mut kv_usage) = (u64::MAX, 0.0f64, 0.0f64);
         let (mut rho_sum, mut rho_known, mut n) = (0.0f64, true, 0usize);
+        let mut pool_free = Some(u64::MAX);
         // Each rank's numbers are clamped on the way in; saturate anyway, the sums are cheap.
         for r in self.ranks.iter() {
             backlog = backlog.saturating_add(r.backlog.load(Relaxed));
@@ -145,6 +158,7 @@ impl Worker {
                 None => rho_known = false,
             }
             n += 1;
+            pool_free = pool_free.zip(r.pool_free()).map(|(a, b)| a.min(b));
         }
         // Receive time last: a reader that sees it fresh sees the sums that go with it.
         self.agg_requests.store(e, Relaxed);
@@ -163,6 +177,9 @@ impl Worker {
             _ => super::utilisation::RHO_NONE_BITS,
         };
         self.agg_rho_bits.store(rho, Relaxed);
+        let pool_free = pool_free.filter(|_| n > 0);
+        self.agg_pool_free
+            .store(pool_free.unwrap_or(super::ranks::POOL_UNKNOWN), Relaxed);
         self.agg_oldest_rx
             .store(oldest, std::sync::atomic::Ordering::Release);
     }

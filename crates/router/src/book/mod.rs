@@ -180,6 +180,8 @@ pub struct Worker {
     /// f64 bits: the mean of the ranks' utilisation ρ ([`utilisation::RHO_NONE_BITS`] until every
     /// rank has one).
     agg_rho_bits: AtomicU64,
+    /// KV pool tokens free on the fullest rank ([`ranks::POOL_UNKNOWN`] unless every rank says).
+    agg_pool_free: AtomicU64,
     epoch: Instant,
 }
 
@@ -242,6 +244,7 @@ impl Worker {
             agg_us_per_token_bits: AtomicU64::new(PRIOR_US_PER_TOKEN.to_bits()),
             agg_kv_usage_bits: AtomicU64::new(0),
             agg_rho_bits: AtomicU64::new(utilisation::RHO_NONE_BITS),
+            agg_pool_free: AtomicU64::new(ranks::POOL_UNKNOWN),
             epoch,
         }
     }

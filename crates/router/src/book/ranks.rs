@@ -20,6 +20,9 @@ use super::utilisation::{RHO_NONE_BITS, Utilisation};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// [`RankState::pool_free`] when the pool's size is not reported.
+pub const POOL_UNKNOWN: u64 = u64::MAX;
+
 /// One DP rank's latest report.
 ///
 /// Laid out for the pick, which reads every rank of the fleet per request: what pricing a rank as
@@ -60,6 +63,9 @@ pub struct RankState {
     pub waiting: AtomicI64,
     /// Requests waiting for their KV (a PD engine's transfer queues, [`crate::pd`]).
     pub pd_pending: AtomicI64,
+    /// KV pool tokens not in use (`max_total_num_tokens − num_used_tokens`; cached pages nobody
+    /// uses count as free), [`POOL_UNKNOWN`] when the rank reports no pool size.
+    pub(super) pool_free: AtomicU64,
     /// The rank's measured prefill speed.
     pub prefill: PrefillRate,
     /// The rank's measured utilisation ([`super::utilisation`]).
@@ -105,6 +111,13 @@ impl RankState {
         super::utilisation::rho_of_bits(self.rho_bits.load(Ordering::Relaxed))
     }
 
+    /// KV pool tokens not in use as last reported, whatever its age (`None`: no pool size).
+    #[inline]
+    pub fn pool_free(&self) -> Option<u64> {
+        let v = self.pool_free.load(Ordering::Relaxed);
+        (v != POOL_UNKNOWN).then_some(v)
+    }
+
     /// ms since the book's epoch of the last message (0: never).
     #[inline]
     pub fn received_ms(&self) -> u64 {
@@ -130,6 +143,7 @@ impl RankState {
             us_per_token_bits: AtomicU64::new(super::prefill_rate::PRIOR_US_PER_TOKEN.to_bits()),
             prefill: PrefillRate::default(),
             rho_bits: AtomicU64::new(RHO_NONE_BITS),
+            pool_free: AtomicU64::new(POOL_UNKNOWN),
             utilisation: Utilisation::default(),
             tokens_mark: AtomicU64::new(0),
             routed: RankRouted::default(),

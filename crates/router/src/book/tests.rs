@@ -224,3 +224,36 @@ fn utilisation_reaches_the_price_per_rank_and_whole_and_not_when_stale() {
     v.now_ms = 4_002;
     assert_eq!((v.utilisation(0), v.price(1).utilisation), (None, None));
 }
+
+#[test]
+fn the_free_pool_reaches_the_price_fullest_rank_for_a_worker_and_not_when_stale() {
+    let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+    let pool = |cap: i64, used: i64| LoadSnapshot {
+        max_total_num_tokens: cap,
+        num_used_tokens: used,
+        ..Default::default()
+    };
+    w.record_at(0, 0, &pool(100_000, 30_000), 1);
+    w.record_at(1, 0, &pool(0, 30_000), 1); // no pool size reported
+    let free = |now| {
+        w.pricing_at(LoadSignal::Backlog, 3000, now)
+            .free_pool_tokens
+    };
+    let rank = |r, now| {
+        w.rank_pricing_at(r, LoadSignal::Backlog, 3000, now)
+            .free_pool_tokens
+    };
+    assert_eq!(
+        (free(2), rank(0, 2), rank(1, 2)),
+        (None, Some(70_000), None)
+    );
+    w.record_at(1, 1, &pool(100_000, 90_000), 2);
+    assert_eq!(
+        (free(2), rank(1, 2)),
+        (Some(10_000), Some(10_000)),
+        "the fullest rank"
+    );
+    w.record_at(1, 2, &pool(100_000, 120_000), 3); // more used than the pool: none free
+    assert_eq!(rank(1, 3), Some(0));
+    assert_eq!((free(3_005), rank(0, 3_005)), (None, None), "stale");
+}
