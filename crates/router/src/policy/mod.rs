@@ -117,6 +117,8 @@ pub trait View {
             s_per_token: self.prefill_s_per_token(i),
             kv_usage: self.kv_usage(i),
             inflight: self.inflight(i),
+            utilisation: self.utilisation(i),
+            free_pool_tokens: self.free_pool_tokens(i),
         }
     }
 }
@@ -134,6 +136,10 @@ pub struct Price {
     pub kv_usage: f64,
     /// [`View::inflight`].
     pub inflight: i64,
+    /// [`View::utilisation`].
+    pub utilisation: Option<f64>,
+    /// [`View::free_pool_tokens`].
+    pub free_pool_tokens: Option<u64>,
 }
 
 /// A routing policy and its parameters (`Copy`: it travels in the router's config).
