@@ -15,6 +15,8 @@ pub mod overload;
 pub mod plot;
 pub mod report;
 pub mod scenario;
+#[cfg(test)]
+mod scratch_tests;
 pub mod sim;
 pub mod soak;
 pub mod sweep;

@@ -369,6 +369,10 @@ impl Sim<'_> {
             .with_host_cached(&host)
             .with_cache_sizes(&sizes)
             .with_regret(self.caches[r].regret())
+            .with_chain(
+                &chain,
+                self.cfg.engines.first().map_or(16, |m| m.page_size) as u64,
+            )
             .with_adapter_costs(&self.adapter_costs);
         view.now_ms = ms(t);
         let cfg = self.cfg;

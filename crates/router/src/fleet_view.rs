@@ -37,6 +37,8 @@ pub struct FleetView<'a> {
     pub adapter_costs: &'a [AdapterCost],
     /// Per candidate, its cache's eviction regret, 0–1 ([`crate::cache::regret`]); empty: unknown.
     pub regret: &'a [f32],
+    /// The request's chain of page hashes (root first) and the tokens per page; empty: unknown.
+    pub chain: (&'a [i64], u64),
 }
 
 impl<'a> FleetView<'a> {
@@ -56,6 +58,7 @@ impl<'a> FleetView<'a> {
             cache_sizes: &[],
             adapter_costs: &[],
             regret: &[],
+            chain: (&[], 0),
         }
     }
 
@@ -103,10 +106,18 @@ impl<'a> FleetView<'a> {
     /// part of it on a host tier only), the router's belief of each cache's size, and each
     /// cache's eviction regret.
     pub fn with_lookup(self, l: &'a crate::cache::Lookup) -> Self {
+        let (block, chain) = l.prompt.any_chain().unwrap_or((0, &[]));
         self.with_prefix(l.prompt.prompt_tokens, &l.cached)
             .with_host_cached(&l.host_cached)
             .with_cache_sizes(&l.sizes)
             .with_regret(&l.regret)
+            .with_chain(chain, block)
+    }
+
+    /// The view with the request's chain of page hashes, `block` tokens per page.
+    pub fn with_chain(mut self, chain: &'a [i64], block: u64) -> Self {
+        self.chain = (chain, block);
+        self
     }
 
     /// The view with each candidate's eviction regret (same order).
@@ -225,6 +236,18 @@ impl View for FleetView<'_> {
     #[inline]
     fn free_pool_tokens(&self, i: usize) -> Option<u64> {
         self.pricing(i).free_pool_tokens
+    }
+    #[inline]
+    fn prefix_key(&self, tokens: u64) -> Option<u64> {
+        let (chain, block) = self.chain;
+        let page = tokens.checked_div(block)?;
+        chain.get(page as usize).map(|&h| h as u64)
+    }
+    #[inline]
+    fn worker_key(&self, i: usize) -> u64 {
+        let c = self.targets.get(i);
+        let w = &self.targets.workers()[c.worker as usize];
+        w.url_key ^ c.rank.map_or(0, |r| crate::policy::mix(u64::from(r) + 1))
     }
     #[inline]
     fn eviction_regret(&self, i: usize) -> f64 {

@@ -131,6 +131,9 @@ pub type FallbackReason = Option<String>;
 #[derive(Debug)]
 pub struct Worker {
     pub url: String,
+    /// A hash of `url`, the same in every router replica ([`stable_key`]): where replicas must
+    /// agree on a worker without talking (`min_ttft`'s home for a prefix nobody holds alone).
+    pub url_key: u64,
     /// Its DP ranks: dense for a pushed worker, claimed on first report for a polled one
     /// ([`ranks`]).
     pub ranks: RankTable,
@@ -185,6 +188,13 @@ pub struct Worker {
     epoch: Instant,
 }
 
+/// FNV-1a of `s`: stable across processes and versions (unlike the std hasher's random seed).
+pub fn stable_key(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 impl Worker {
     /// A worker with `dp_size` fixed ranks `0..dp_size` (one per load socket; none: priced on
     /// in-flight).
@@ -217,6 +227,7 @@ impl Worker {
         epoch: Instant,
     ) -> Self {
         Worker {
+            url_key: stable_key(&url),
             url,
             ranks,
             load_source: LoadSourceState::new(kind),

@@ -102,6 +102,15 @@ pub trait View {
     fn free_pool_tokens(&self, _i: usize) -> Option<u64> {
         None
     }
+    /// A key of the request's prefix up to the page holding token `tokens` (its chained page
+    /// hash), the same in every router replica; `None` when unknown or beyond the prompt.
+    fn prefix_key(&self, _tokens: u64) -> Option<u64> {
+        None
+    }
+    /// A key of candidate i that every router replica computes alike (its URL and rank).
+    fn worker_key(&self, i: usize) -> u64 {
+        i as u64
+    }
     /// Share, 0–1, of what worker i's cache evicted that was stored again within one pool
     /// turnover (regretted evictions); 0 when unknown.
     fn eviction_regret(&self, _i: usize) -> f64 {
