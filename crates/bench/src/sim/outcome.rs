@@ -28,6 +28,8 @@ pub struct Outcome {
     /// Each request's TTFT on an idle engine of its kind (its own prefill): what no router can
     /// remove. Same order as `ttft`.
     pub ttft_floor: Vec<f64>,
+    /// Each completed request's arrival time, virtual seconds. Same order as `ttft`.
+    pub arrived: Vec<f64>,
     pub e2e: Vec<f64>,
     pub completed: usize,
     /// Requests sent to an engine (routed requests refused by admission are not).

@@ -11,11 +11,14 @@
 
 pub mod cache_aware;
 pub mod decode_load;
+pub mod fleet_cost;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
 pub use decode_load::DecodeLoad;
-pub use min_ttft::{AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
+pub use min_ttft::{
+    AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, FleetPricing, MinTtft, TierPricing,
+};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
@@ -293,6 +296,8 @@ pub(crate) fn argmin_by<K: PartialOrd>(
 
 #[cfg(test)]
 mod adapter_tests;
+#[cfg(test)]
+mod fleet_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
