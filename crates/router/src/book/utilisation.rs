@@ -175,10 +175,8 @@ impl Utilisation {
                 UtilSource::Capacity,
                 (busy + decode_us) / (dt_ms as f64 * 1000.0),
             ))
-        } else if let Some(b) = batch {
-            Some((UtilSource::Slots, s.running as f64 / b))
         } else {
-            None
+            batch.map(|b| (UtilSource::Slots, s.running as f64 / b))
         };
         let not_draining = min_waiting > 0 && s.backlog >= self.base_backlog.load(Relaxed);
         self.rebase(now_ms, s, n, g);
