@@ -98,6 +98,8 @@ impl Worker {
                     prefill_busy_us: prefill_us,
                     moments: decode_moments(snap),
                     max_running,
+                    pool_tokens: pool,
+                    used_tokens: used,
                     running,
                     waiting,
                     backlog,

@@ -47,6 +47,9 @@ pub struct RankState {
     /// f64 bits of the rank's utilisation ρ ([`u64::MAX`]: unknown): the meter's
     /// figure, copied here by each message so the pick reads it beside the rest.
     pub(super) rho_bits: AtomicU64,
+    /// KV pool tokens not in use (`max_total_num_tokens − num_used_tokens`; cached pages nobody
+    /// uses count as free), [`POOL_UNKNOWN`] when the rank reports no pool size.
+    pub(super) pool_free: AtomicU64,
     /// What this router routed to this rank by name (rank-routed candidates), as the worker's
     /// counters do for the whole worker: dispatches, their uncached tokens, the open requests and
     /// their tokens, and the rank's own counters when its last message arrived.
@@ -63,9 +66,6 @@ pub struct RankState {
     pub waiting: AtomicI64,
     /// Requests waiting for their KV (a PD engine's transfer queues, [`crate::pd`]).
     pub pd_pending: AtomicI64,
-    /// KV pool tokens not in use (`max_total_num_tokens − num_used_tokens`; cached pages nobody
-    /// uses count as free), [`POOL_UNKNOWN`] when the rank reports no pool size.
-    pub(super) pool_free: AtomicU64,
     /// The rank's measured prefill speed.
     pub prefill: PrefillRate,
     /// The rank's measured utilisation ([`super::utilisation`]).

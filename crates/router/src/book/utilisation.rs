@@ -8,8 +8,12 @@
 //!
 //! ```text
 //! ρ_sample = (Δ prefill busy µs + Δ decode tokens × d) / Δ wall µs,   clamped to [0, 1]
-//! d        = α / B + β   (µs per decode token at a full batch of B = max_running_requests)
+//! d        = α / B + β   (µs per decode token at a full batch of B requests)
 //! ```
+//! where the full batch B is the most requests the engine can hold at once: its slot bound
+//! `max_running_requests`, or as many of its running requests' mean KV footprint
+//! (`num_used_tokens / num_running_reqs`) as its pool (`max_total_num_tokens`) holds, whichever
+//! is fewer (SGLang's default slot bound is often far above what its pool holds).
 //! with the decode step's cost `t = α + β·b` fitted by least squares on the cumulative moments
 //! SGLang 0.5.23 publishes (`decode_moments` = n, Σb, Σt_us, Σb², Σb·t_us, Σg; one batch size
 //! only: `d = Σt/Σb`). That is the capacity the bench calibrates offered load on (a mean prompt's
@@ -28,7 +32,7 @@
 //! * **Restarts** (a counter going back) move the baseline and keep the estimate, as
 //!   [`super::prefill_rate::PrefillRate`] does.
 //! * **Without the counters** (vLLM, older SGLang: no moments and no prefill busy time) ρ is the
-//!   slot occupancy `running / max_running_requests`; without that either, ρ stays unknown.
+//!   batch occupancy `running / B`; without a slot bound or pool figures, ρ stays unknown.
 //!
 //! One writer (the rank's subscriber thread, or the simulator) and any number of readers: every
 //! field is an atomic, so the request path reads ρ without locks or allocation.
@@ -52,6 +56,9 @@ pub struct UtilSample {
     pub moments: Option<[f64; 6]>,
     /// The rank's batch bound (`max_running_requests`; ≤ 0: unknown).
     pub max_running: i64,
+    /// KV pool size and tokens in use (`max_total_num_tokens`, `num_used_tokens`; ≤ 0: unknown).
+    pub pool_tokens: i64,
+    pub used_tokens: i64,
     pub running: i64,
     pub waiting: i64,
     /// Prompt tokens waiting for prefill (`num_waiting_uncached_tokens`).
@@ -66,7 +73,7 @@ pub enum UtilSource {
     Unknown = 0,
     /// Prefill busy time and decode moments at full-batch cost.
     Capacity = 1,
-    /// Slot occupancy (`running / max_running_requests`): no counters.
+    /// Batch occupancy (running requests ÷ the full batch): no counters.
     Slots = 2,
 }
 
@@ -168,10 +175,8 @@ impl Utilisation {
                 UtilSource::Capacity,
                 (busy + decode_us) / (dt_ms as f64 * 1000.0),
             ))
-        } else if s.max_running > 0 {
-            Some((UtilSource::Slots, s.running as f64 / s.max_running as f64))
         } else {
-            None
+            batch.map(|b| (UtilSource::Slots, s.running as f64 / b))
         };
         let not_draining = min_waiting > 0 && s.backlog >= self.base_backlog.load(Relaxed);
         self.rebase(now_ms, s, n, g);
@@ -246,14 +251,23 @@ pub fn rho_of_bits(bits: u64) -> Option<f64> {
 /// The bits that mean "no ρ".
 pub const RHO_NONE_BITS: u64 = NONE_BITS;
 
-/// The batch a full-batch cost is taken at: the published bound; without one, the batch an
-/// average decoded token ran in (Σb²/Σb), from the moments.
+/// The full batch a full-batch cost is taken at: the fewer of the published slot bound and the
+/// running requests' mean KV footprint as many times as the pool holds it (see the module docs);
+/// without a slot bound, the batch an average decoded token ran in (Σb²/Σb), from the moments.
 fn batch_bound(s: &UtilSample) -> Option<f64> {
-    if s.max_running > 0 {
-        return Some(s.max_running as f64);
+    let slots = if s.max_running > 0 {
+        Some(s.max_running as f64)
+    } else {
+        s.moments
+            .filter(|m| m[1] > 0.0 && m[3].is_finite() && m[3] >= m[1])
+            .map(|m| m[3] / m[1])
+    };
+    let fits = (s.pool_tokens > 0 && s.running > 0 && s.used_tokens > 0)
+        .then(|| s.pool_tokens as f64 * s.running as f64 / s.used_tokens as f64);
+    match (slots, fits) {
+        (Some(a), Some(b)) => Some(a.min(b).max(1.0)),
+        (a, b) => a.or(b).map(|x| x.max(1.0)),
     }
-    let m = s.moments?;
-    (m[1] > 0.0 && m[3].is_finite() && m[3] >= m[1]).then(|| m[3] / m[1])
 }
 
 #[cfg(test)]

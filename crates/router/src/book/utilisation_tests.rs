@@ -35,6 +35,7 @@ impl Counters {
             running: 10,
             waiting,
             backlog,
+            ..Default::default()
         }
     }
 }
@@ -173,4 +174,48 @@ fn without_counters_rho_is_the_slot_occupancy_and_without_a_bound_unknown() {
     u.observe(1, &none);
     u.observe(1_001, &none);
     assert_eq!((u.rho(), u.source()), (None, UtilSource::Unknown));
+}
+
+#[test]
+fn the_full_batch_is_what_the_kv_pool_holds_when_that_is_fewer_than_the_slots() {
+    let u = Utilisation::default();
+    let mut c = Counters::default();
+    c.decode(8.0, 10);
+    c.decode(32.0, 10);
+    // 10 running requests use 2,000 tokens of a 10,000-token pool: 50 of them fit, not 64.
+    let at = |c: &Counters| UtilSample {
+        pool_tokens: 10_000,
+        used_tokens: 2_000,
+        ..c.sample(0, 0)
+    };
+    u.observe(1, &at(&c));
+    c.decode(20.0, 10); // 200 tokens
+    u.observe(1_001, &at(&c));
+    let want = 200.0 * (ALPHA / 50.0 + BETA) / 1e6;
+    assert!(
+        (u.rho().unwrap() - want).abs() < 1e-9,
+        "{:?} vs {want}",
+        u.rho()
+    );
+    // Saturated for long: capped at B/(B+1) of that batch of 50.
+    for k in 2..100 {
+        c.busy_us += 2_000_000;
+        u.observe(k * 1000 + 1, &at(&c));
+    }
+    assert_eq!(u.rho(), Some(50.0 / 51.0));
+    // Without counters, occupancy is of that batch too.
+    let u = Utilisation::default();
+    let slots = UtilSample {
+        max_running: 64,
+        running: 10,
+        pool_tokens: 10_000,
+        used_tokens: 2_000,
+        ..Default::default()
+    };
+    u.observe(1, &slots);
+    u.observe(1_001, &slots);
+    assert_eq!(
+        (u.rho(), u.source()),
+        (Some(10.0 / 50.0), UtilSource::Slots)
+    );
 }

@@ -288,7 +288,8 @@ impl CacheBook {
                 }
                 rows.push((&w.url, blocks, stale));
                 for r in &entry.ranks {
-                    ranks.push((&w.url, r.stats.rank, g.index.slot_stats(r.slot).blocks));
+                    let st = g.index.slot_stats(r.slot);
+                    ranks.push((&w.url, r.stats.rank, st.blocks, g.index.regret(r.slot)));
                 }
             }
         }
@@ -298,7 +299,7 @@ impl CacheBook {
             MetricType::Gauge,
             "Blocks the index holds for one DP rank of a worker",
         );
-        for (url, rank, blocks) in &ranks {
+        for (url, rank, blocks, _) in &ranks {
             f.sample(
                 &RankLabels {
                     worker: url,
@@ -306,6 +307,18 @@ impl CacheBook {
                 },
                 *blocks,
             );
+        }
+        let mut f = e.family(
+            "loadlink_rank_eviction_regret",
+            MetricType::Gauge,
+            "Share of the rank's device evictions stored again within one pool turnover (KV events)",
+        );
+        for (url, rank, _, regret) in &ranks {
+            let labels = RankLabels {
+                worker: url,
+                rank: *rank,
+            };
+            f.sample(&labels, loadlink_wire::prom::Number::Float(*regret));
         }
         let mut f = e.family(
             "loadlink_worker_kv_blocks",
