@@ -16,7 +16,6 @@ pub mod plot;
 pub mod report;
 pub mod scenario;
 #[cfg(test)]
-mod scratch_tests;
 pub mod sim;
 pub mod soak;
 pub mod sweep;

@@ -21,6 +21,11 @@ impl Sim<'_> {
                 self.queues.rho_samples += 1;
             }
         }
+        let totals = self.engines[self.prefilling_units()]
+            .iter()
+            .map(super::engine::SimEngine::cache_totals)
+            .fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep));
+        self.out.cache_series.push((t, totals.0, totals.1));
         self.report_adapters(t);
         if self.remaining > 0 {
             self.push(t + 1.0, Ev::Sample);

@@ -136,11 +136,14 @@ impl FleetCtx {
         };
         let mut work = (moved + strayed) as f64;
         let regret = view.eviction_regret(i);
-        if regret > 0.0 {
-            if let Some(free) = view.free_pool_tokens(i) {
-                let evicted = (prompt - cached.min(prompt)).saturating_sub(free);
-                work += evicted as f64 * regret.min(1.0) * (1.0 + 1.0 / m.max(1e-9));
-            }
+        // The pool counts cached pages nobody uses as free; what a copy can fill without evicting
+        // is what the index does not hold of it (low by the cached pages running requests pin).
+        let room = view
+            .free_pool_tokens(i)
+            .map(|free| free.saturating_sub(view.cache_size(i)));
+        if let (true, Some(room)) = (regret > 0.0, room) {
+            let evicted = (prompt - cached.min(prompt)).saturating_sub(room);
+            work += evicted as f64 * regret.min(1.0) * (1.0 + 1.0 / m.max(1e-9));
         }
         m * work * s_tok
     }
