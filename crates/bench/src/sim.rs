@@ -14,7 +14,7 @@
 //!   records what it dispatched in its own approximate tree ([`cache`]); the variant's
 //!   [`CacheView`] says which of them the policy's view reads;
 //! * the [`clairvoyant`] router instead forks every engine's scheduler and sends each request where
-//!   its first token comes soonest;
+//!   its first token comes soonest; it is one of the [`oracle`] routers the bound is made of;
 //! * an engine of several DP ranks is that many schedulers, each publishing on its own; a request
 //!   without a rank goes through the engine's dispatcher ([`ranks`]). Everything per engine above
 //!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank;
@@ -28,6 +28,9 @@ mod engine;
 mod events;
 mod finish;
 mod models;
+mod oracle;
+#[cfg(test)]
+mod oracle_tests;
 mod outcome;
 mod pd;
 mod queues;
@@ -35,6 +38,7 @@ mod ranks;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
+pub use oracle::{ORACLES, Oracle};
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, isolated_ttft, quantile};
 pub use pd::{DecodePolicy, KvLink, PdFleet, PdTimeline, first_decode_step};
 pub use ranks::RankRouting;
@@ -64,8 +68,11 @@ use std::time::Instant;
 pub enum SimRouter {
     /// Router replicas running a production policy.
     Policy(Policy),
-    /// The bound: exact knowledge of every engine, soonest first token ([`clairvoyant`]).
+    /// Exact knowledge of every engine, soonest first token ([`clairvoyant`]); the same router as
+    /// `Oracle(Oracle::Greedy)`.
     Clairvoyant,
+    /// One oracle of the bound's family ([`oracle`]).
+    Oracle(Oracle),
 }
 
 /// Where direct (router-bypassing) traffic goes.
@@ -343,6 +350,10 @@ impl Sim<'_> {
             SimRouter::Clairvoyant => {
                 self.out.decisions += 1;
                 return Some(clairvoyant::pick(&self.engines, submit, t));
+            }
+            SimRouter::Oracle(o) => {
+                self.out.decisions += 1;
+                return Some(oracle::pick(o, &self.engines, submit, t));
             }
             SimRouter::Policy(p) => p,
         };

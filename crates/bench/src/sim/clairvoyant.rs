@@ -7,7 +7,12 @@
 //! same clock) until the request's first token. The prediction is exact **given no later
 //! arrivals**: requests that arrive afterwards can still delay it (they may join a prefill batch or
 //! a retraction may hit it), and a greedy choice per request is not a global optimum. It is the
-//! bound routing alone reaches with perfect information and no knowledge of the future.
+//! bound routing alone reaches with perfect information and no knowledge of the future; the
+//! family of oracles around it (greedy is one member) is in [`super::oracle`].
+//!
+//! A fork stops as soon as it can no longer beat the best engine found so far (the step that ends
+//! past that time cannot carry a sooner first token), so the pick is the same as running every
+//! fork to its first token, at a fraction of the steps near saturation.
 
 use super::engine::SimEngine;
 use loadlink_engine::model::{Event, StepKind, Submit};
@@ -15,8 +20,15 @@ use loadlink_engine::model::{Event, StepKind, Submit};
 /// Steps a forward simulation may take before the engine counts as never answering.
 const MAX_STEPS: usize = 200_000;
 
-/// Seconds from `now` to the first token of `submit` on `engine`.
+/// Seconds from `now` to the first token of `submit` on `engine` (the unpruned fork the tests
+/// check the routers' pruned ones against).
+#[cfg(test)]
 pub(crate) fn first_token_in(engine: &SimEngine, submit: &Submit, now: f64) -> f64 {
+    first_token_within(engine, submit, now, f64::INFINITY)
+}
+
+/// [`first_token_in`], or infinity once it is known to be `limit` seconds or more.
+pub(crate) fn first_token_within(engine: &SimEngine, submit: &Submit, now: f64, limit: f64) -> f64 {
     let (mut sched, mut t) = engine.fork(now);
     let id = submit.id;
     sched.submit(submit.clone());
@@ -34,20 +46,37 @@ pub(crate) fn first_token_in(engine: &SimEngine, submit: &Submit, now: f64) -> f
         if first {
             return t - now;
         }
+        if t - now >= limit {
+            return f64::INFINITY; // its first token comes at a later step's end
+        }
     }
     f64::INFINITY
 }
 
 /// The engine where `submit`'s first token comes soonest (ties rotate with the request id).
 pub(crate) fn pick(engines: &[SimEngine], submit: &Submit, now: f64) -> usize {
+    pick_among(engines, 0..engines.len(), submit, now).1
+}
+
+/// Of the engines `among`, the one where `submit`'s first token comes soonest, with its TTFT in
+/// seconds from `now` (ties rotate with the request id; infinity and the first engine of the
+/// rotation when none answers).
+pub(crate) fn pick_among(
+    engines: &[SimEngine],
+    among: impl IntoIterator<Item = usize>,
+    submit: &Submit,
+    now: f64,
+) -> (f64, usize) {
     let n = engines.len().max(1);
     let start = (submit.id % n as u64) as usize;
-    let mut best = (f64::INFINITY, start);
-    for e in (0..engines.len()).map(|k| (start + k) % n) {
-        let t = first_token_in(&engines[e], submit, now);
+    let mut order: Vec<usize> = among.into_iter().collect();
+    order.sort_unstable_by_key(|&e| (e + n - start) % n);
+    let mut best = (f64::INFINITY, order.first().copied().unwrap_or(start));
+    for e in order {
+        let t = first_token_within(&engines[e], submit, now, best.0);
         if t < best.0 {
             best = (t, e);
         }
     }
-    best.1
+    best
 }
