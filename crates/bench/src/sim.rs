@@ -27,6 +27,7 @@ mod delivery;
 mod engine;
 mod events;
 mod finish;
+mod lookahead;
 mod models;
 mod oracle;
 #[cfg(test)]
@@ -162,6 +163,8 @@ struct Sim<'a> {
     latest: delivery::Latest,
     /// The PD fleet's state ([`pd`]).
     pd: Option<pd::PdState>,
+    /// The arrivals' page chains, for the lookahead oracle ([`oracle`]).
+    chains: oracle::ChainMemo,
 }
 
 fn ms(t: f64) -> u64 {
@@ -347,14 +350,8 @@ impl Sim<'_> {
     /// sent now (refused by admission: rejected, or queued when it is a new `arrival`).
     fn route(&mut self, i: usize, submit: &Submit, t: f64, arrival: bool) -> Option<usize> {
         let policy = match self.cfg.router {
-            SimRouter::Clairvoyant => {
-                self.out.decisions += 1;
-                return Some(clairvoyant::pick(&self.engines, submit, t));
-            }
-            SimRouter::Oracle(o) => {
-                self.out.decisions += 1;
-                return Some(oracle::pick(o, &self.engines, submit, t));
-            }
+            SimRouter::Clairvoyant => return Some(self.oracle_pick(Oracle::Greedy, i, submit, t)),
+            SimRouter::Oracle(o) => return Some(self.oracle_pick(o, i, submit, t)),
             SimRouter::Policy(p) => p,
         };
         let r = i % self.cfg.routers;
@@ -484,6 +481,7 @@ pub fn simulate_with_queues(
         pd: cfg
             .pd
             .map(|f| pd::PdState::new(f, layout.engines, arrivals.len())),
+        chains: Default::default(),
     };
     sim.set_pd_modes();
     sim.run();

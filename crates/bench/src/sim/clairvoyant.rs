@@ -53,30 +53,49 @@ pub(crate) fn first_token_within(engine: &SimEngine, submit: &Submit, now: f64, 
     f64::INFINITY
 }
 
-/// The engine where `submit`'s first token comes soonest (ties rotate with the request id).
+/// The engine where `submit`'s first token comes soonest (ties rotate with the request id). The
+/// engine holding most of the prompt is forked first: it is usually the soonest, and the forks
+/// after it stop as soon as they fall behind it.
 pub(crate) fn pick(engines: &[SimEngine], submit: &Submit, now: f64) -> usize {
-    pick_among(engines, 0..engines.len(), submit, now).1
+    let n = engines.len().max(1);
+    let start = (submit.id % n as u64) as usize;
+    let m = super::oracle::matches(engines, submit);
+    let rotation = (0..n).map(|k| (start + k) % n);
+    let deepest = rotation.max_by_key(|&e| (m.get(e), std::cmp::Reverse((e + n - start) % n)));
+    let first = deepest.filter(|&e| m.get(e).is_some_and(|&t| t > 0));
+    soonest(
+        engines,
+        0..engines.len(),
+        submit,
+        now,
+        (f64::INFINITY, first),
+    )
+    .map_or(start, |b| b.1)
 }
 
-/// Of the engines `among`, the one where `submit`'s first token comes soonest, with its TTFT in
-/// seconds from `now` (ties rotate with the request id; infinity and the first engine of the
-/// rotation when none answers).
-pub(crate) fn pick_among(
+/// Of the engines `among`, the one where `submit`'s first token comes soonest and sooner than
+/// `limit` seconds from `now`, with that TTFT (ties go to the first in the rotation that starts at
+/// the request id); `None` when no engine beats `limit`. Engine `first`, when given, is forked
+/// first (the result is the same; the other forks stop sooner when it is a good one).
+pub(crate) fn soonest(
     engines: &[SimEngine],
     among: impl IntoIterator<Item = usize>,
     submit: &Submit,
     now: f64,
-) -> (f64, usize) {
+    (limit, first): (f64, Option<usize>),
+) -> Option<(f64, usize)> {
     let n = engines.len().max(1);
     let start = (submit.id % n as u64) as usize;
+    let rot = |e: usize| (e + n - start) % n;
     let mut order: Vec<usize> = among.into_iter().collect();
-    order.sort_unstable_by_key(|&e| (e + n - start) % n);
-    let mut best = (f64::INFINITY, order.first().copied().unwrap_or(start));
+    order.sort_unstable_by_key(|&e| (Some(e) != first, rot(e)));
+    let mut best: (f64, Option<usize>) = (limit, None);
     for e in order {
         let t = first_token_within(&engines[e], submit, now, best.0);
-        if t < best.0 {
-            best = (t, e);
+        let tie_first = t == best.0 && best.1.is_some_and(|b| rot(e) < rot(b));
+        if t < best.0 || tie_first {
+            best = (t, Some(e));
         }
     }
-    best
+    best.1.map(|e| (best.0, e))
 }

@@ -20,15 +20,24 @@
 //!   the queueing it inflicts on others near saturation; κ = ∞ never leaves a holder. Without a
 //!   holder (nothing of the prompt anywhere) it is greedy. Tied holders: the soonest of them.
 //!
+//! * [`Oracle::Lookahead`]: where greedy's engine g and the holder h differ, it rolls the fleet
+//!   forward both ways over the window the decision weighs on — the time h's queue takes to serve
+//!   the request (its exact TTFT there, the longer of the two), at most
+//!   [`lookahead::MAX_WINDOW_S`] — with the window's known arrivals, and keeps the choice whose
+//!   window costs less ([`lookahead`]: summed TTFT plus the queue debt left at its end). Elsewhere
+//!   it is greedy (which then is a holder, or there is none).
+//!
 //! Forks are bounded as in [`clairvoyant`]: an engine whose recompute charge alone reaches the
 //! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
 //! at most what Greedy does and Sticky(∞) forks only when there is no single holder.
 
-use super::SimRouter;
-use super::clairvoyant::{self, first_token_within};
+use super::clairvoyant::{self, first_token_within, soonest};
 use super::engine::SimEngine;
-use loadlink_engine::model::Submit;
+use super::lookahead::{self, Window};
+use super::{DirectTarget, Sim, SimRouter};
+use loadlink_engine::model::{ModelConfig, Submit};
 use loadlink_engine::radix::PageChain;
+use loadlink_router::policy::mix;
 
 /// One oracle router of the family (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,10 +48,13 @@ pub enum Oracle {
     /// token beats it by more than `kappa` × the recompute the move causes (`f64::INFINITY`:
     /// never leave a holder).
     Sticky { kappa: f64 },
+    /// Greedy, except where greedy's engine is not the holder: then the better of the two by a
+    /// rollout of the fleet over the window with its known arrivals ([`lookahead`]).
+    Lookahead,
 }
 
 /// The family the bound is the per-metric best of, with the labels sweeps print.
-pub const ORACLES: [(&str, SimRouter); 4] = [
+pub const ORACLES: [(&str, SimRouter); 5] = [
     ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
     (
         "oracle sticky k=1",
@@ -58,13 +70,74 @@ pub const ORACLES: [(&str, SimRouter); 4] = [
             kappa: f64::INFINITY,
         }),
     ),
+    ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
 ];
+
+/// Per arrival, its prompt's page chain at the fleet's first page size, hashed once when a
+/// lookahead window first needs it (empty: a prompt known only by its length).
+#[derive(Default)]
+pub(crate) struct ChainMemo(Vec<Option<PageChain>>);
+
+impl Sim<'_> {
+    /// The unit `oracle` sends routed request `i` to at `t`.
+    pub(super) fn oracle_pick(
+        &mut self,
+        oracle: Oracle,
+        i: usize,
+        submit: &Submit,
+        t: f64,
+    ) -> usize {
+        self.out.decisions += 1;
+        if oracle != Oracle::Lookahead {
+            return pick(oracle, &self.engines, submit, t);
+        }
+        let Some((h, th, g)) = holder_or_sooner(&self.engines, submit, t, 0.0) else {
+            return clairvoyant::pick(&self.engines, submit, t);
+        };
+        let Some(g) = g else {
+            return h; // greedy's engine is a holder
+        };
+        let window_s = th.min(lookahead::MAX_WINDOW_S);
+        let end = self.arrivals[i + 1..].partition_point(|a| a.t <= t + window_s);
+        let arrivals = &self.arrivals[i + 1..i + 1 + end];
+        let page = self.engines.first().map_or(16, |e| e.model().page_size);
+        let memo = &mut self.chains.0;
+        memo.resize(memo.len().max(self.arrivals.len()), None);
+        for (k, a) in arrivals.iter().enumerate() {
+            memo[i + 1 + k].get_or_insert_with(|| match a.prompt.as_deref() {
+                Some(p) if !p.is_empty() => PageChain::of(&p[..p.len() - 1], page),
+                _ => PageChain::default(),
+            });
+        }
+        let chains: Vec<&PageChain> = (memo[i + 1..i + 1 + end].iter())
+            .map(|c| c.as_ref().expect("filled above"))
+            .collect();
+        let (layout, direct) = (self.layout, self.cfg.direct);
+        let direct_unit = |j: usize| match direct {
+            DirectTarget::Pinned => 0,
+            DirectTarget::Uniform => layout.unit(
+                (mix(j as u64 ^ 0xd1ec7) % layout.engines as u64) as usize,
+                0,
+            ),
+        };
+        let w = Window {
+            arrivals,
+            first_index: i + 1,
+            chains: &chains,
+            direct_unit: &direct_unit,
+        };
+        let score = |u| lookahead::score(&self.engines, submit, u, t, window_s, &w);
+        if score(g) < score(h) { g } else { h }
+    }
+}
 
 /// The engine (scheduler unit) `oracle` sends `submit` to at `now`.
 pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], submit: &Submit, now: f64) -> usize {
     match oracle {
         Oracle::Greedy => clairvoyant::pick(engines, submit, now),
         Oracle::Sticky { kappa } => sticky(engines, submit, now, kappa),
+        // Without the future arrivals (a caller outside the simulation): greedy.
+        Oracle::Lookahead => clairvoyant::pick(engines, submit, now),
     }
 }
 
@@ -95,25 +168,32 @@ pub(crate) fn matches(engines: &[SimEngine], submit: &Submit) -> Vec<u64> {
 
 /// Seconds engine `e` spends prefilling `tokens` tokens.
 pub(crate) fn recompute_s(e: &SimEngine, tokens: u64) -> f64 {
-    tokens as f64 * e.model().timing.per_prefill_token_us * 1e-6
+    recompute_s_of(e.model(), tokens)
 }
 
-fn sticky(engines: &[SimEngine], submit: &Submit, now: f64, kappa: f64) -> usize {
+/// Seconds an engine of `model` spends prefilling `tokens` tokens.
+pub(crate) fn recompute_s_of(model: &ModelConfig, tokens: u64) -> f64 {
+    tokens as f64 * model.timing.per_prefill_token_us * 1e-6
+}
+
+/// The holder h (the soonest of the engines with the deepest will-be-cached prefix), its exact
+/// TTFT, and the engine o minimising `ttft_o + kappa × recompute_o` if that beats h's TTFT
+/// (`None`: h stays best). `None` when no engine holds any of the prompt.
+fn holder_or_sooner(
+    engines: &[SimEngine],
+    submit: &Submit,
+    now: f64,
+    kappa: f64,
+) -> Option<(usize, f64, Option<usize>)> {
     let m = matches(engines, submit);
-    let top = m.iter().copied().max().unwrap_or(0);
-    if top == 0 {
-        return clairvoyant::pick(engines, submit, now);
-    }
+    let top = m.iter().copied().max().filter(|&t| t > 0)?;
     let holders = (0..engines.len()).filter(|&e| m[e] == top);
-    if kappa == f64::INFINITY && holders.clone().count() == 1 {
-        return m.iter().position(|&x| x == top).unwrap_or(0);
-    }
-    let mut best = clairvoyant::pick_among(engines, holders, submit, now);
-    if kappa == f64::INFINITY {
-        return best.1;
-    }
     let n = engines.len().max(1);
     let start = (submit.id % n as u64) as usize;
+    let first_holder = (0..n).map(|k| (start + k) % n).find(|&e| m[e] == top)?;
+    let (th, h) = soonest(engines, holders, submit, now, (f64::INFINITY, None))
+        .unwrap_or((f64::INFINITY, first_holder));
+    let mut best = (th, None);
     for o in (0..engines.len()).map(|k| (start + k) % n) {
         if m[o] == top {
             continue;
@@ -124,8 +204,23 @@ fn sticky(engines: &[SimEngine], submit: &Submit, now: f64, kappa: f64) -> usize
         }
         let t = first_token_within(&engines[o], submit, now, best.0 - charge);
         if t + charge < best.0 {
-            best = (t + charge, o);
+            best = (t + charge, Some(o));
         }
     }
-    best.1
+    Some((h, th, best.1))
+}
+
+fn sticky(engines: &[SimEngine], submit: &Submit, now: f64, kappa: f64) -> usize {
+    if kappa == f64::INFINITY {
+        let m = matches(engines, submit);
+        let top = m.iter().copied().max().unwrap_or(0);
+        let mut holders = (0..engines.len()).filter(|&e| top > 0 && m[e] == top);
+        if let (Some(h), None) = (holders.next(), holders.next()) {
+            return h; // the one holder: no fork needed
+        }
+    }
+    match holder_or_sooner(engines, submit, now, kappa) {
+        None => clairvoyant::pick(engines, submit, now),
+        Some((h, _, moved)) => moved.unwrap_or(h),
+    }
 }
