@@ -98,7 +98,8 @@ impl Sim<'_> {
             return h; // greedy's engine is a holder
         };
         let window_s = th.min(lookahead::MAX_WINDOW_S);
-        let end = self.arrivals[i + 1..].partition_point(|a| a.t <= t + window_s);
+        let later = self.arrivals[i + 1..].iter();
+        let end = later.take_while(|a| a.t <= t + window_s).count();
         let arrivals = &self.arrivals[i + 1..i + 1 + end];
         let page = self.engines.first().map_or(16, |e| e.model().page_size);
         let memo = &mut self.chains.0;
