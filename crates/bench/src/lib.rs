@@ -17,4 +17,5 @@ pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod soak;
+pub mod sweep;
 pub mod workload;

@@ -152,10 +152,12 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
             ]),
             ..s1
         }),
+        "agentic" => Ok(saturation::agentic(s1)),
+        "gsp" => Ok(saturation::gsp(s1)),
         "tiers" => Ok(tiers::scenario()),
         "models" => Ok(models::scenario()),
         o => Err(format!(
-            "unknown scenario {o:?}; expected one of {}, tiers, models",
+            "unknown scenario {o:?}; expected one of {}, agentic, gsp, tiers, models",
             NAMES.join(", ")
         )),
     }
@@ -196,11 +198,13 @@ pub fn cached_engine_capacity(m: &ModelConfig, r: &ReuseEstimate) -> f64 {
     capacity(m, prefill_us, r.mean_prompt, r.mean_output)
 }
 
-/// Requests/s given a request's prefill time and its mean output's share of full-batch decode.
+/// Requests/s given a request's prefill time and its mean output's share of full-batch decode. A
+/// full batch is `max_running_requests`, or fewer when that many mean contexts do not fit in the
+/// KV pool (long agentic contexts: the pool, not the slot count, bounds the batch).
 fn capacity(m: &ModelConfig, prefill_us: f64, mean_prompt: f64, mean_output: f64) -> f64 {
     let t = m.timing;
-    let b = m.max_running_requests as f64;
     let ctx = mean_prompt + mean_output / 2.0;
+    let b = (m.max_running_requests as f64).min(m.max_total_tokens as f64 / ctx.max(1.0));
     let step_us = t.base_us + t.per_batch_req_us * b + t.per_kv_token_us * b * ctx;
     let per_req_us = prefill_us + mean_output * step_us / b;
     1e6 / per_req_us
@@ -210,7 +214,7 @@ fn capacity(m: &ModelConfig, prefill_us: f64, mean_prompt: f64, mean_output: f64
 const PROBE_RATE_PER_ENGINE: f64 = 5.0;
 
 /// A prefix workload's traffic at `rate` (S1's output lengths and direct fraction).
-fn prefix_traffic(s: &Scenario, seed: u64, rate: f64) -> Traffic {
+pub(crate) fn prefix_traffic(s: &Scenario, seed: u64, rate: f64) -> Traffic {
     Traffic {
         direct_fraction: s.direct_fraction,
         ..Traffic::new(seed, s.duration_s, rate)
@@ -291,7 +295,7 @@ pub struct Variant {
     pub cache: CacheView,
 }
 
-const fn variant(
+pub(crate) const fn variant(
     label: &'static str,
     router: SimRouter,
     signal: LoadSignal,
@@ -322,7 +326,17 @@ pub const MIN_TTFT: Policy = Policy::MinTtft(MinTtft {
     tier_pricing: loadlink_router::policy::TierPricing::Aware,
     host_load_tokens_per_s: loadlink_router::policy::DEFAULT_HOST_LOAD_TOKENS_PER_S,
     adapter_pricing: loadlink_router::policy::AdapterPricing::Aware,
+    fleet_pricing: loadlink_router::policy::FleetPricing::Aware,
 });
+
+/// `min_ttft` as it was before fleet pricing (issue 24's "today"): this request's TTFT only.
+pub const MIN_TTFT_TODAY: Policy = match MIN_TTFT {
+    Policy::MinTtft(p) => Policy::MinTtft(MinTtft {
+        fleet_pricing: loadlink_router::policy::FleetPricing::Blind,
+        ..p
+    }),
+    p => p,
+};
 
 /// The cache-aware comparison (issue 13): load-only baselines, SGLang's `cache_aware` on in-flight
 /// load with its approximate tree and on engine load with the KV index (#28600), `min_ttft` on
@@ -436,6 +450,7 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
 pub mod models;
 pub mod pd;
 pub mod ranks;
+pub mod saturation;
 #[cfg(test)]
 mod tests;
 pub mod tiers;

@@ -36,6 +36,8 @@ mod outcome;
 mod pd;
 mod queues;
 mod ranks;
+#[cfg(test)]
+mod utilisation_tests;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
@@ -374,6 +376,7 @@ impl Sim<'_> {
             .with_prefix(submit.prompt_tokens, &cached)
             .with_host_cached(&host)
             .with_cache_sizes(&sizes)
+            .with_regret(self.caches[r].regret())
             .with_adapter_costs(&self.adapter_costs);
         view.now_ms = ms(t);
         let cfg = self.cfg;

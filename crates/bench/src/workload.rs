@@ -4,6 +4,8 @@
 //! prefixes (chat sessions, tenants' system prompts) are in `shapes` (parameters) and `prefix`
 //! (generation); the models and adapters requests name in `models`; what an engine's cache could reuse of them in `reuse`; JSONL traces in `trace`.
 
+mod agentic;
+pub mod burst;
 mod models;
 mod prefix;
 mod reuse;
@@ -14,7 +16,8 @@ pub use models::{ModelShare, adapter_name, assign_models};
 pub use prefix::generate_mix;
 pub use reuse::{ReuseEstimate, blind_reuse};
 pub use shapes::{
-    ChatSessions, GeneratedSharedPrefix, HotPrefix, Len, Shape, SharedSystem, Traffic,
+    AgentSessions, ChatSessions, GeneratedSharedPrefix, HotPrefix, Len, Shape, SharedSystem,
+    Traffic,
 };
 pub use trace::{read_trace, write_trace};
 

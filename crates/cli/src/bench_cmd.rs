@@ -141,9 +141,25 @@ impl Common {
 pub struct SimArgs {
     #[command(flatten)]
     common: Common,
-    /// Also sweep the load from 0.5 to 1.0 and plot p99 TTFT against it.
+    /// Also sweep the load. With `--variants load`: 0.5 to 1.0, p99 TTFT plotted against it. With
+    /// `--variants cache`: the placement comparison (`--loads`, default 0.5 to 1.05 in 5% steps),
+    /// hit rate, p50, p99 and p99 wait per policy and load, the acceptance checked against the
+    /// best production policy and the oracles' bound (docs/benchmarks.md).
     #[arg(long)]
     sweep: bool,
+    /// The sweep's loads: FROM:TO:STEP (inclusive) or a comma-separated list.
+    #[arg(long, value_parser = crate::bench_sweep::parse_loads)]
+    loads: Option<crate::bench_sweep::Loads>,
+    /// Also run the oracles (simulation only, perfect knowledge; slow) and report their bound.
+    #[arg(long)]
+    oracles: bool,
+    /// With `--variants cache`: one run at 80% load with a 30 s burst to 120% from 300 s, and
+    /// how fast each policy's p50 (10 s windows) comes back within 20% of its pre-burst value.
+    #[arg(long)]
+    burst: bool,
+    /// Threads running variants side by side in a sweep or burst run (default: the cores).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Virtual seconds of arrivals (default: the scenario's, 600).
     #[arg(long)]
     duration: Option<f64>,
@@ -210,6 +226,28 @@ pub fn run(c: BenchCommand) -> Result<()> {
     }
     if s.name == "models" {
         return crate::bench_models::run(&s, seed, load, out);
+    }
+    if a.variants == "cache" && (a.sweep || a.burst) {
+        let plan = crate::bench_sweep::SweepPlan {
+            loads: a
+                .loads
+                .clone()
+                .map_or_else(crate::bench_sweep::default_loads, |l| l.0),
+            oracles: a.oracles,
+            threads: a
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            out,
+        };
+        return match a.burst {
+            true => crate::bench_sweep::burst(
+                &s,
+                seed,
+                &loadlink_bench::workload::burst::Burst::DEFAULT,
+                &plan,
+            ),
+            false => crate::bench_sweep::run(&s, seed, &plan),
+        };
     }
     if a.variants == "cache" {
         return cache_comparison(&s, seed, load, out);

@@ -6,6 +6,7 @@ mod bench_models;
 mod bench_overload;
 mod bench_pd;
 mod bench_ranks;
+mod bench_sweep;
 mod bench_tiers;
 mod config_file;
 mod demo_cmd;

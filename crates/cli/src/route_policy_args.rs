@@ -8,7 +8,9 @@ use loadlink_router::admission::{AdmissionConfig, Overload};
 use loadlink_router::cache::PrefixSource;
 use loadlink_router::candidate::RankField;
 use loadlink_router::config::{DEFAULT_ADMISSION_QUEUE_SIZE, DEFAULT_ADMISSION_QUEUE_TIMEOUT_MS};
-use loadlink_router::policy::{AdapterPricing, CacheAware, MinTtft, Policy, TierPricing};
+use loadlink_router::policy::{
+    AdapterPricing, CacheAware, FleetPricing, MinTtft, Policy, TierPricing,
+};
 use serde::{Deserialize, Serialize};
 
 fn prefix_source_name(s: &str) -> Result<String, String> {
@@ -21,6 +23,10 @@ fn tier_pricing_name(s: &str) -> Result<String, String> {
 
 fn adapter_pricing_name(s: &str) -> Result<String, String> {
     AdapterPricing::parse(s).map(|_| s.to_string())
+}
+
+fn fleet_pricing_name(s: &str) -> Result<String, String> {
+    FleetPricing::parse(s).map(|_| s.to_string())
 }
 
 fn rank_field_name(s: &str) -> Result<String, String> {
@@ -89,6 +95,17 @@ pub struct CacheArgs {
         value_parser = adapter_pricing_name
     )]
     adapter_pricing: String,
+    /// min_ttft: whether a placement's cost to the rest of the fleet is priced: aware (moving a
+    /// request away from the worker caching its prefix costs the recompute it causes, at the
+    /// queueing externality ρ/(1−ρ)² of the worker's utilisation, so near saturation sessions
+    /// stay where their cache is) or blind (this request's predicted TTFT only). See
+    /// docs/router.md, "Pricing the fleet's work".
+    #[arg(
+        long,
+        default_value_t = MinTtft::default().fleet_pricing.as_str().to_string(),
+        value_parser = fleet_pricing_name
+    )]
+    fleet_pricing: String,
     /// Seconds an engine takes to load a LoRA adapter, for workers that do not advertise
     /// lora_load_time_s in /server_info.
     #[arg(long, default_value_t = loadlink_router::adapters::DEFAULT_ADAPTER_LOAD_S)]
@@ -157,6 +174,8 @@ impl CacheArgs {
             p.tier_pricing = tier_pricing;
             p.host_load_tokens_per_s = self.host_load_tokens_per_s;
             p.adapter_pricing = adapter_pricing;
+            p.fleet_pricing =
+                FleetPricing::parse(&self.fleet_pricing).map_err(anyhow::Error::msg)?;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ impl Sim<'_> {
         for (i, r) in sim.reqs.iter().enumerate() {
             if let (Some(f), Some(d)) = (r.first, r.done) {
                 out.ttft.push(f - r.arrived);
+                out.arrived.push(r.arrived);
                 out.e2e.push(d - r.arrived);
                 let e = layout.engine_of(r.unit);
                 let prompt = arrivals[i].prompt_tokens;

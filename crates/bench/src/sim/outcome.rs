@@ -11,6 +11,10 @@ pub struct QueueStats {
     pub hot_fraction: f64,
     /// The longest run of consecutive hot samples of one engine, seconds.
     pub hot_longest_s: f64,
+    /// Mean over the 1 s samples taken while requests arrive, and over engines, of the utilisation
+    /// ρ the (first) router's book measured (`loadlink_router::book::utilisation`); `None`: never
+    /// measured.
+    pub mean_utilisation: Option<f64>,
 }
 
 /// A queue counts as hot only from this many waiting requests (a queue of 1 against a mean of 0.25
@@ -24,6 +28,8 @@ pub struct Outcome {
     /// Each request's TTFT on an idle engine of its kind (its own prefill): what no router can
     /// remove. Same order as `ttft`.
     pub ttft_floor: Vec<f64>,
+    /// Each completed request's arrival time, virtual seconds. Same order as `ttft`.
+    pub arrived: Vec<f64>,
     pub e2e: Vec<f64>,
     pub completed: usize,
     /// Requests sent to an engine (routed requests refused by admission are not).

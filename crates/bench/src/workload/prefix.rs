@@ -36,6 +36,7 @@ pub fn generate_mix(traffic: &Traffic, parts: &[(f64, Shape)]) -> Vec<Arrival> {
             Shape::SharedSystem(s) => part_gen.shared_system(s),
             Shape::GeneratedSharedPrefix(g) => part_gen.generated_shared_prefix(g),
             Shape::HotPrefix(h) => part_gen.hot_prefix(h),
+            Shape::Agentic(a) => part_gen.agentic(a),
         }
         out.extend(part_gen.out);
     }
@@ -44,7 +45,7 @@ pub fn generate_mix(traffic: &Traffic, parts: &[(f64, Shape)]) -> Vec<Arrival> {
 }
 
 /// Random lowercase text of `tokens` tokens (whole 4-character chunks).
-fn text(rng: &mut Rng, tokens: u64) -> String {
+pub(super) fn text(rng: &mut Rng, tokens: u64) -> String {
     (0..tokens as usize * CHARS_PER_TOKEN)
         .map(|_| (b'a' + (rng.next_u64() % 26) as u8) as char)
         .collect()
@@ -73,9 +74,9 @@ impl Zipf {
 }
 
 /// One part's generator: its traffic, its random stream, its arrivals so far.
-struct Gen<'a> {
-    traffic: &'a Traffic,
-    rng: Rng,
+pub(super) struct Gen<'a> {
+    pub(super) traffic: &'a Traffic,
+    pub(super) rng: Rng,
     out: Vec<Arrival>,
 }
 
@@ -94,7 +95,7 @@ impl<'a> Gen<'a> {
             .draw(&mut self.rng, self.traffic.max_tokens)
     }
 
-    fn push(&mut self, t: f64, prompt: Vec<u32>, output_tokens: u64) {
+    pub(super) fn push(&mut self, t: f64, prompt: Vec<u32>, output_tokens: u64) {
         let tr = self.traffic;
         self.out.push(Arrival {
             t,
@@ -182,7 +183,7 @@ impl<'a> Gen<'a> {
 
     /// Text number `key` of this part, of a length drawn from `len`: the same for the same seed
     /// and key, whatever was drawn before.
-    fn fixed_text(&self, key: u64, len: Len) -> String {
+    pub(super) fn fixed_text(&self, key: u64, len: Len) -> String {
         let mut rng = Rng::new(self.traffic.seed ^ 0x7e4a_4700 ^ ((key + 1) << 20));
         let n = len.draw(&mut rng, self.traffic.max_tokens);
         text(&mut rng, n)
@@ -221,16 +222,25 @@ impl<'a> Gen<'a> {
         let systems: Vec<String> = (0..g.groups)
             .map(|k| self.fixed_text(k as u64, fixed(g.system_tokens)))
             .collect();
+        let times = self.poisson(self.traffic.rate);
+        let per_group = match g.fill {
+            true => g
+                .prompts_per_group
+                .max(times.len().div_ceil(g.groups.max(1))),
+            false => g.prompts_per_group,
+        };
         let mut order: Vec<(usize, usize)> = (0..g.groups)
-            .flat_map(|k| (0..g.prompts_per_group).map(move |p| (k, p)))
+            .flat_map(|k| (0..per_group).map(move |p| (k, p)))
             .collect();
         for i in (1..order.len()).rev() {
             order.swap(i, (self.rng.next_u64() % (i as u64 + 1)) as usize);
         }
-        let times = self.poisson(self.traffic.rate);
         for (t, (k, _)) in times.into_iter().zip(order) {
             let q = text(&mut self.rng, g.question_tokens);
-            let output = self.output();
+            let output = match g.output {
+                Some(len) => len.draw(&mut self.rng, self.traffic.max_tokens),
+                None => self.output(),
+            };
             let prompt = render_chat([("system", systems[k].as_str()), ("user", &q)]);
             self.push(t, prompt, output);
         }
@@ -340,6 +350,7 @@ mod tests {
             prompts_per_group: 8,
             system_tokens: 64,
             question_tokens: 8,
+            ..GeneratedSharedPrefix::default()
         };
         let a = generate_mix(
             &traffic(50.0, 100.0),

@@ -92,13 +92,21 @@ impl Default for SharedSystem {
     }
 }
 
-/// SGLang bench_serving's defaults (64 groups × 16 prompts, 2048 + 128 tokens).
+/// SGLang bench_serving's defaults (64 groups × 16 prompts, 2048 + 128 tokens, 256 output tokens:
+/// `--gsp-num-groups 64 --gsp-prompts-per-group 16 --gsp-system-prompt-len 2048
+/// --gsp-question-len 128 --gsp-output-len 256`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GeneratedSharedPrefix {
     pub groups: usize,
     pub prompts_per_group: usize,
     pub system_tokens: u64,
     pub question_tokens: u64,
+    /// Output lengths; `None`: the traffic's.
+    pub output: Option<Len>,
+    /// Draw as many prompts per group as the rate and duration need (at least
+    /// `prompts_per_group`), so the set does not run out before the run ends: bench_serving sends
+    /// a fixed set once, which at a sweep's rates lasts about a minute.
+    pub fill: bool,
 }
 
 impl Default for GeneratedSharedPrefix {
@@ -108,6 +116,51 @@ impl Default for GeneratedSharedPrefix {
             prompts_per_group: 16,
             system_tokens: 2048,
             question_tokens: 128,
+            output: None,
+            fill: false,
+        }
+    }
+}
+
+/// Long agentic sessions: an agent of one of a few kinds (each a long shared system-and-tools
+/// prompt) works a task in many short turns; each turn the model answers with a short tool call
+/// and the tool's result is appended, so the context grows by a few hundred tokens a turn and a
+/// session's last turns carry thousands of tokens of history. Moving a session costs recomputing
+/// all of it, which is what makes placement near saturation matter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSessions {
+    /// Agent kinds, each with its own system-and-tools prompt shared by all its sessions.
+    pub kinds: usize,
+    pub system: Len,
+    /// The task statement (the first user message).
+    pub task: Len,
+    /// Turns per session (model calls), drawn per session, within `min_turns..=max_turns`.
+    pub turns: Len,
+    pub min_turns: u64,
+    pub max_turns: u64,
+    /// The model's tool call: the request's output.
+    pub tool_call: Len,
+    /// The tool's result, appended before the next turn.
+    pub tool_result: Len,
+    /// Mean seconds a tool takes (exponential).
+    pub tool_latency_mean_s: f64,
+    /// Seconds per output token in the estimate of when an answer is done (as in chat).
+    pub est_decode_step_s: f64,
+}
+
+impl Default for AgentSessions {
+    fn default() -> Self {
+        AgentSessions {
+            kinds: 4,
+            system: Len::new(2048.0, 0.0),
+            task: Len::new(300.0, 0.5),
+            turns: Len::new(12.0, 0.5),
+            min_turns: 4,
+            max_turns: 40,
+            tool_call: Len::new(120.0, 0.6),
+            tool_result: Len::new(400.0, 0.8),
+            tool_latency_mean_s: 1.5,
+            est_decode_step_s: 0.03,
         }
     }
 }
@@ -138,14 +191,16 @@ pub enum Shape {
     SharedSystem(SharedSystem),
     GeneratedSharedPrefix(GeneratedSharedPrefix),
     HotPrefix(HotPrefix),
+    Agentic(AgentSessions),
 }
 
 impl Shape {
-    pub const NAMES: [&str; 4] = [
+    pub const NAMES: [&str; 5] = [
         "chat",
         "shared-system",
         "generated-shared-prefix",
         "hot-prefix",
+        "agentic",
     ];
 
     /// A shape by name, with its defaults.
@@ -157,6 +212,7 @@ impl Shape {
                 Shape::GeneratedSharedPrefix(GeneratedSharedPrefix::default())
             }
             "hot-prefix" => Shape::HotPrefix(HotPrefix::default()),
+            "agentic" => Shape::Agentic(AgentSessions::default()),
             _ => return None,
         })
     }

@@ -41,6 +41,7 @@
 //! a small band of the best (`tie_rel` of it, at least `tie_abs_s`) are ties, and one of them is
 //! drawn with `entropy`, so replicas that see the same numbers still spread their picks.
 
+use super::fleet_cost::FleetCtx;
 use super::{View, mix};
 use crate::book::DISPATCH_TOKENS_GUESS;
 
@@ -112,6 +113,35 @@ impl AdapterPricing {
     }
 }
 
+/// Whether `min_ttft` prices what a placement costs the rest of the fleet (`--fleet-pricing`;
+/// [`super::fleet_cost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FleetPricing {
+    /// The recompute a move away from a prefix's holder causes, at the queueing externality of
+    /// the worker's utilisation, plus regretted evictions; holders preferred within the tie band.
+    #[default]
+    Aware,
+    /// This request's predicted TTFT only (loadlink before issue 24; greedy near saturation).
+    Blind,
+}
+
+impl FleetPricing {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "aware" => Ok(FleetPricing::Aware),
+            "blind" => Ok(FleetPricing::Blind),
+            o => Err(format!("--fleet-pricing {o:?}: expected aware or blind")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FleetPricing::Aware => "aware",
+            FleetPricing::Blind => "blind",
+        }
+    }
+}
+
 /// Request lifetimes over which an adapter load's batch pause delays the requests on the engine:
 /// the ones present when it starts, and as many again arriving before they leave
 /// ([`MinTtft::adapter_s`]).
@@ -136,6 +166,8 @@ pub struct MinTtft {
     pub host_load_tokens_per_s: f64,
     /// How a LoRA adapter's load is priced.
     pub adapter_pricing: AdapterPricing,
+    /// Whether the fleet's work is priced besides this request's TTFT.
+    pub fleet_pricing: FleetPricing,
 }
 
 impl Default for MinTtft {
@@ -149,6 +181,7 @@ impl Default for MinTtft {
             tier_pricing: TierPricing::Aware,
             host_load_tokens_per_s: DEFAULT_HOST_LOAD_TOKENS_PER_S,
             adapter_pricing: AdapterPricing::Aware,
+            fleet_pricing: FleetPricing::Aware,
         }
     }
 }
@@ -157,6 +190,13 @@ impl MinTtft {
     /// The predicted seconds to this request's first token on worker `i`.
     #[inline]
     pub fn predicted_ttft_s(&self, view: &impl View, i: usize) -> f64 {
+        self.cost_s(view, i, &FleetCtx::NONE)
+    }
+
+    /// Candidate `i`'s price: its predicted TTFT plus, with `fleet` active, what the placement
+    /// costs the rest of the fleet ([`FleetCtx::extra_s`]).
+    #[inline]
+    pub fn cost_s(&self, view: &impl View, i: usize, fleet: &FleetCtx) -> f64 {
         let p = view.price(i);
         let s_tok = p.s_per_token;
         let prompt = match view.prompt_tokens() {
@@ -184,7 +224,11 @@ impl MinTtft {
             AdapterPricing::Aware => self.adapter_s(view, i, &p),
             AdapterPricing::Blind => 0.0,
         };
-        queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty
+        let fleet_s = match fleet.max_cached {
+            0 => 0.0,
+            _ => fleet.extra_s(view, i, prompt, cached, s_tok),
+        };
+        queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty + fleet_s
     }
 
     /// The adapter term: the request's wait for a slot, plus the engine's load time for every
@@ -233,16 +277,26 @@ impl MinTtft {
 
     /// The chosen worker, or `None` when none is available. Each candidate is priced once: the
     /// prices of up to [`PRICED_ON_STACK`] candidates are kept on the stack for the tie draw
-    /// (beyond that, the tie pass prices again), so a pick allocates nothing.
+    /// (beyond that, the tie pass prices again), so a pick allocates nothing. With fleet pricing,
+    /// ties holding the deepest cached prefix are drawn first (hysteresis, [`super::fleet_cost`]).
     pub fn pick(&self, view: &impl View, entropy: u64) -> Option<usize> {
         let n = view.len();
+        let fleet = match self.fleet_pricing {
+            FleetPricing::Aware => FleetCtx::of(view),
+            FleetPricing::Blind => FleetCtx::NONE,
+        };
+        let fleet = if fleet.active() {
+            fleet
+        } else {
+            FleetCtx::NONE
+        };
         let mut prices = [f64::INFINITY; PRICED_ON_STACK];
         let (mut best, mut best_i) = (f64::INFINITY, None);
         for i in 0..n {
             if !view.available(i) {
                 continue;
             }
-            let t = self.predicted_ttft_s(view, i);
+            let t = self.cost_s(view, i, &fleet);
             if let Some(slot) = prices.get_mut(i) {
                 *slot = t;
             }
@@ -256,20 +310,37 @@ impl MinTtft {
         let band = best + (best * self.tie_rel).max(self.tie_abs_s);
         let within = |i: usize| match prices.get(i) {
             Some(&t) => t <= band, // unavailable candidates kept +inf
-            None => view.available(i) && self.predicted_ttft_s(view, i) <= band,
+            None => view.available(i) && self.cost_s(view, i, &fleet) <= band,
         };
-        // Reservoir sampling over the ties: each is drawn with equal chance, with no allocation.
-        let mut chosen = None;
-        let mut seen = 0u64;
+        // Reservoir sampling over the ties (and, with fleet pricing, over the ties holding the
+        // deepest prefix): each is drawn with equal chance, with no allocation.
+        let (mut any, mut held) = (Reservoir::default(), Reservoir::default());
         for i in (0..n).filter(|&i| within(i)) {
-            seen += 1;
-            if mix(entropy ^ seen.wrapping_mul(0x2545_f491_4f6c_dd1d)).is_multiple_of(seen) {
-                chosen = Some(i);
+            any.offer(i, entropy);
+            if fleet.max_cached > 0 && view.cached_tokens(i) >= fleet.max_cached {
+                held.offer(i, entropy);
             }
         }
         // Beyond the stack the tie pass prices again, and a price that moved meanwhile (a
         // snapshot or a dispatch in between) can leave the band empty: the best stands then.
-        chosen.or(best_i)
+        held.chosen.or(any.chosen).or(best_i)
+    }
+}
+
+/// One uniform draw over a stream of candidates, without storing them.
+#[derive(Default)]
+struct Reservoir {
+    chosen: Option<usize>,
+    seen: u64,
+}
+
+impl Reservoir {
+    #[inline]
+    fn offer(&mut self, i: usize, entropy: u64) {
+        self.seen += 1;
+        if mix(entropy ^ self.seen.wrapping_mul(0x2545_f491_4f6c_dd1d)).is_multiple_of(self.seen) {
+            self.chosen = Some(i);
+        }
     }
 }
 

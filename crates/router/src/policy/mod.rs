@@ -11,11 +11,14 @@
 
 pub mod cache_aware;
 pub mod decode_load;
+pub mod fleet_cost;
 pub mod min_ttft;
 
 pub use cache_aware::CacheAware;
 pub use decode_load::DecodeLoad;
-pub use min_ttft::{AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, MinTtft, TierPricing};
+pub use min_ttft::{
+    AdapterPricing, DEFAULT_HOST_LOAD_TOKENS_PER_S, FleetPricing, MinTtft, TierPricing,
+};
 
 use crate::book::prefill_rate::PRIOR_US_PER_TOKEN;
 
@@ -90,6 +93,20 @@ pub trait View {
     fn pending_transfers(&self, _i: usize) -> Option<i64> {
         None
     }
+    /// Worker i's utilisation ρ in [0, 1): the share of its full-batch capacity in use, smoothed
+    /// over the engine's rate window; None when unknown or its load is stale.
+    fn utilisation(&self, _i: usize) -> Option<f64> {
+        None
+    }
+    /// KV pool tokens free on worker i (capacity − used, its fullest rank); None when unknown.
+    fn free_pool_tokens(&self, _i: usize) -> Option<u64> {
+        None
+    }
+    /// Share, 0–1, of what worker i's cache evicted that was stored again within one pool
+    /// turnover (regretted evictions); 0 when unknown.
+    fn eviction_regret(&self, _i: usize) -> f64 {
+        0.0
+    }
     /// Everything a cost policy reads of worker `i`, in one call: a view that can read it in one
     /// go (the fleet's, per rank) overrides this, which composes the calls above.
     #[inline]
@@ -100,6 +117,8 @@ pub trait View {
             s_per_token: self.prefill_s_per_token(i),
             kv_usage: self.kv_usage(i),
             inflight: self.inflight(i),
+            utilisation: self.utilisation(i),
+            free_pool_tokens: self.free_pool_tokens(i),
         }
     }
 }
@@ -117,6 +136,10 @@ pub struct Price {
     pub kv_usage: f64,
     /// [`View::inflight`].
     pub inflight: i64,
+    /// [`View::utilisation`].
+    pub utilisation: Option<f64>,
+    /// [`View::free_pool_tokens`].
+    pub free_pool_tokens: Option<u64>,
 }
 
 /// A routing policy and its parameters (`Copy`: it travels in the router's config).
@@ -273,6 +296,8 @@ pub(crate) fn argmin_by<K: PartialOrd>(
 
 #[cfg(test)]
 mod adapter_tests;
+#[cfg(test)]
+mod fleet_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -1,0 +1,197 @@
+//! `bench sim --variants cache --sweep` (the placement comparison of issue 24) and `--burst`: the
+//! production policies and the oracles at each offered load, reduced to hit rate, p50, p99 and
+//! p99 wait, with the acceptance read off them; or one run with a burst and how each variant
+//! recovers. The commit the binary was run from is recorded in the JSON, so a baseline measured
+//! "today" can be named later.
+
+use anyhow::{Context, Result};
+use loadlink_bench::scenario::saturation::{
+    DEFAULT_LABEL, SWEEP_LOADS, SWEEP_ORACLES, SWEEP_VARIANTS, burst_arrivals,
+};
+use loadlink_bench::scenario::{self, Scenario, Variant};
+use loadlink_bench::sweep::{self, recovery};
+use loadlink_bench::workload::burst::Burst;
+use std::io::Write;
+use std::path::Path;
+
+/// What a sweep or burst run was asked for.
+pub(crate) struct SweepPlan<'a> {
+    pub loads: Vec<f64>,
+    pub oracles: bool,
+    pub threads: usize,
+    pub out: &'a Path,
+}
+
+/// `--loads`, parsed.
+#[derive(Debug, Clone)]
+pub(crate) struct Loads(pub Vec<f64>);
+
+/// Parses `--loads`: `FROM:TO:STEP` (inclusive) or a comma-separated list.
+pub(crate) fn parse_loads(s: &str) -> Result<Loads, String> {
+    let bad =
+        || format!("--loads {s:?}: expected FROM:TO:STEP (e.g. 0.5:1.05:0.05) or a list (0.8,0.9)");
+    let num = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0)
+    };
+    let parts: Vec<&str> = s.split(':').collect();
+    let loads: Vec<f64> = match parts.as_slice() {
+        [a, b, step] => {
+            let (a, b, step) = (
+                num(a).ok_or_else(bad)?,
+                num(b).ok_or_else(bad)?,
+                num(step).ok_or_else(bad)?,
+            );
+            let n = ((b - a) / step + 1e-9).floor() as usize;
+            if b < a || n > 200 {
+                return Err(bad());
+            }
+            (0..=n)
+                .map(|k| ((a + k as f64 * step) * 1e6).round() / 1e6)
+                .collect()
+        }
+        [_] => s
+            .split(',')
+            .map(|x| num(x).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        _ => return Err(bad()),
+    };
+    if loads.is_empty() {
+        Err(bad())
+    } else {
+        Ok(Loads(loads))
+    }
+}
+
+/// The default loads of a sweep (50% to 105% in 5% steps).
+pub(crate) fn default_loads() -> Vec<f64> {
+    SWEEP_LOADS.to_vec()
+}
+
+fn variants(oracles: bool) -> Vec<Variant> {
+    let mut v = SWEEP_VARIANTS.to_vec();
+    if oracles {
+        v.extend(SWEEP_ORACLES);
+    }
+    v
+}
+
+/// The commit the working tree is at (`unknown` outside a git checkout).
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The sweep: table, acceptance check, `{scenario}-sweep-seed{seed}.json`.
+pub(crate) fn run(s: &Scenario, seed: u64, plan: &SweepPlan) -> Result<()> {
+    let vs = variants(plan.oracles);
+    let progress = |load: f64, label: &str| {
+        eprint!("\rsweep: load {load:.2} {label:<32}");
+        let _ = std::io::stderr().flush();
+    };
+    let rows = sweep::run(s, seed, &plan.loads, &vs, plan.threads, &progress);
+    eprintln!();
+    print!("{}", sweep::table(&rows));
+    let violations = sweep::check(&rows, DEFAULT_LABEL);
+    for v in &violations {
+        println!("acceptance: load {:.2}: {}", v.load, v.what);
+    }
+    if violations.is_empty() {
+        println!("acceptance: {DEFAULT_LABEL} meets every sweep criterion");
+    }
+    for v in &SWEEP_VARIANTS {
+        if let Some((from, to, lost)) = sweep::worst_hit_loss(&rows, v.label) {
+            println!(
+                "worst hit loss of {}: {:.0}% between loads {from:.2} and {to:.2}",
+                v.label,
+                lost * 100.0
+            );
+        }
+    }
+    let doc = serde_json::json!({
+        "scenario": s.name, "about": s.about, "seed": seed, "duration_s": s.duration_s,
+        "commit": commit(), "default": DEFAULT_LABEL,
+        "rows": rows.iter().map(sweep::SweepRow::json).collect::<Vec<_>>(),
+        "violations": violations.iter().map(|v| serde_json::json!({"load": v.load, "what": v.what})).collect::<Vec<_>>(),
+    });
+    let path = plan.out.join(format!("{}-sweep-seed{seed}.json", s.name));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// The burst run: per variant its p50 before, its worst window, its recovery time;
+/// `{scenario}-burst-seed{seed}.json`.
+pub(crate) fn burst(s: &Scenario, seed: u64, b: &Burst, plan: &SweepPlan) -> Result<()> {
+    let a = burst_arrivals(s, seed, b);
+    println!(
+        "burst: {:.0}% from {:.0} s for {:.0} s, {:.0}% otherwise; {} arrivals",
+        b.peak * 100.0,
+        b.start_s,
+        b.len_s,
+        b.base * 100.0,
+        a.len()
+    );
+    let vs = variants(plan.oracles);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut got: Vec<(usize, recovery::Recovery)> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..plan.threads.clamp(1, vs.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(v) =
+                        vs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let (o, _) = scenario::run_arrivals(s, &a, v);
+                        mine.push((mine.len(), recovery::recovery(v.label, &o, b, s.duration_s)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().expect("a burst run panicked"))
+            .collect()
+    });
+    got.sort_by(|x, y| {
+        vs.iter()
+            .position(|v| v.label == x.1.label)
+            .cmp(&vs.iter().position(|v| v.label == y.1.label))
+    });
+    println!(
+        "{:<34}{:>12}{:>12}{:>14}{:>8}",
+        "variant", "p50 before", "worst p50", "recovery", "hit"
+    );
+    for (_, r) in &got {
+        let rec = r
+            .recovery_s
+            .map_or("never".to_string(), |x| format!("{x:.0} s"));
+        println!(
+            "{:<34}{:>11.3}s{:>11.3}s{:>14}{:>7.1}%",
+            r.label,
+            r.before_p50,
+            r.peak_p50,
+            rec,
+            r.hit * 100.0
+        );
+    }
+    let doc = serde_json::json!({
+        "scenario": s.name, "seed": seed, "duration_s": s.duration_s, "commit": commit(),
+        "burst": {"start_s": b.start_s, "len_s": b.len_s, "base": b.base, "peak": b.peak},
+        "rows": got.iter().map(|(_, r)| r.json()).collect::<Vec<_>>(),
+    });
+    let path = plan.out.join(format!("{}-burst-seed{seed}.json", s.name));
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

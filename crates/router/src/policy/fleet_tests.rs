@@ -1,0 +1,207 @@
+//! `min_ttft`'s fleet pricing ([`super::fleet_cost`]): as greedy as the plain TTFT at low load,
+//! locality kept near saturation, a hot holder still shed, holders preferred among ties, and
+//! exactly today's picks wherever nothing is cached or no utilisation is known.
+
+use super::fleet_cost::{FleetCtx, externality};
+use super::*;
+
+/// One worker: its queue, its cached prefix of the request, its utilisation, its pool.
+#[derive(Clone, Copy)]
+struct F {
+    queued_s: f64,
+    cached: u64,
+    rho: Option<f64>,
+    free: Option<u64>,
+    regret: f64,
+}
+
+const W: F = F {
+    queued_s: 0.0,
+    cached: 0,
+    rho: None,
+    free: None,
+    regret: 0.0,
+};
+
+/// 10k prefill tokens/s everywhere.
+const S_TOK: f64 = 1e-4;
+
+struct Fleet {
+    prompt: u64,
+    w: Vec<F>,
+}
+
+impl View for Fleet {
+    fn len(&self) -> usize {
+        self.w.len()
+    }
+    fn load(&self, _i: usize) -> i64 {
+        0
+    }
+    fn available(&self, _i: usize) -> bool {
+        true
+    }
+    fn prompt_tokens(&self) -> u64 {
+        self.prompt
+    }
+    fn cached_tokens(&self, i: usize) -> u64 {
+        self.w[i].cached
+    }
+    fn queued_prefill_s(&self, i: usize) -> Option<f64> {
+        Some(self.w[i].queued_s)
+    }
+    fn engine_requests(&self, _i: usize) -> Option<i64> {
+        Some(0)
+    }
+    fn prefill_s_per_token(&self, _i: usize) -> f64 {
+        S_TOK
+    }
+    fn utilisation(&self, i: usize) -> Option<f64> {
+        self.w[i].rho
+    }
+    fn free_pool_tokens(&self, i: usize) -> Option<u64> {
+        self.w[i].free
+    }
+    fn eviction_regret(&self, i: usize) -> f64 {
+        self.w[i].regret
+    }
+}
+
+fn aware() -> MinTtft {
+    MinTtft::default()
+}
+
+fn blind() -> MinTtft {
+    MinTtft {
+        fleet_pricing: FleetPricing::Blind,
+        ..MinTtft::default()
+    }
+}
+
+/// A session of 4,000 tokens cached on worker 0, which is `busier_s` busier than worker 1; both
+/// at utilisation `rho`.
+fn session(rho: f64, busier_s: f64) -> Fleet {
+    Fleet {
+        prompt: 4_200,
+        w: vec![
+            F {
+                queued_s: busier_s,
+                cached: 4_000,
+                rho: Some(rho),
+                ..W
+            },
+            F {
+                rho: Some(rho),
+                ..W
+            },
+        ],
+    }
+}
+
+#[test]
+fn the_externality_is_greedy_at_low_load_and_unbounded_near_saturation() {
+    assert!(externality(0.1) < 0.13);
+    assert!((externality(0.5) - 2.0).abs() < 1e-12);
+    assert!((externality(0.9) - 90.0).abs() < 1e-9);
+    assert!(externality(1.5).is_finite() && externality(1.5) > 9_000.0);
+    assert_eq!(externality(-1.0), 0.0);
+}
+
+#[test]
+fn a_busier_holder_keeps_its_session_near_saturation_but_not_at_low_load() {
+    // Moving recomputes 4,000 tokens (0.4 s); the holder is 0.5 s busier.
+    for e in 0..200 {
+        assert_eq!(
+            blind().pick(&session(0.9, 0.5), e),
+            Some(1),
+            "greedy moves it"
+        );
+        assert_eq!(
+            aware().pick(&session(0.1, 0.5), e),
+            Some(1),
+            "at low load, as greedy"
+        );
+        assert_eq!(
+            aware().pick(&session(0.9, 0.5), e),
+            Some(0),
+            "near saturation it stays"
+        );
+    }
+}
+
+#[test]
+fn a_hot_holder_is_still_shed_when_its_queue_outweighs_the_recompute() {
+    // ρ 0.5 elsewhere (M 2 at the fleet's floor): 0.4 s recompute costs 0.8 s more; a holder
+    // 5 s behind sheds.
+    let mut f = session(0.5, 5.0);
+    f.w[0].rho = Some(0.98);
+    f.w[1].rho = Some(0.3);
+    let ctx = FleetCtx::of(&f);
+    assert!(ctx.rho_bar.unwrap() > 0.6);
+    assert!((0..200).all(|e| aware().pick(&f, e) == Some(1)));
+}
+
+#[test]
+fn the_holder_wins_every_tie() {
+    // Both within the tie band (5% of the best price): the holder is drawn every time, where the plain
+    // draw spreads.
+    // The holder's 0.4 s of queue against 0.4 s of recompute and 1 ms of queue elsewhere.
+    let mut f = session(0.0001, 0.4);
+    f.w[1].queued_s = 0.001;
+    let picks = |p: MinTtft| (0..200).filter(|&e| p.pick(&f, e) == Some(0)).count();
+    assert_eq!(picks(aware()), 200);
+    let spread = picks(blind());
+    assert!((40..160).contains(&spread), "{spread}");
+}
+
+#[test]
+fn regretted_evictions_tip_a_tie_to_the_worker_with_room() {
+    // Nothing cached for this request beyond a 100-token prefix on both; worker 0's pool is full
+    // and half of what it evicts is needed again, worker 1 has room.
+    let f = Fleet {
+        prompt: 2_100,
+        w: vec![
+            F {
+                cached: 100,
+                rho: Some(0.8),
+                free: Some(0),
+                regret: 0.5,
+                ..W
+            },
+            F {
+                cached: 100,
+                rho: Some(0.8),
+                free: Some(1_000_000),
+                ..W
+            },
+        ],
+    };
+    assert!((0..200).all(|e| aware().pick(&f, e) == Some(1)));
+    assert!((0..200).any(|e| blind().pick(&f, e) == Some(0)));
+}
+
+#[test]
+fn without_hits_or_without_utilisation_the_picks_are_todays() {
+    let mut rng = 0x1234_5678_u64;
+    let mut next = |m: u64| {
+        rng = mix(rng);
+        rng % m
+    };
+    for _ in 0..2_000 {
+        let n = 1 + next(6) as usize;
+        let hits = next(2) == 0;
+        let rho_known = !hits || next(2) == 0;
+        let w: Vec<F> = (0..n)
+            .map(|_| F {
+                queued_s: next(1000) as f64 / 1000.0,
+                cached: if hits && !rho_known { next(3000) } else { 0 },
+                rho: rho_known.then(|| next(99) as f64 / 100.0),
+                free: Some(next(5000)),
+                regret: next(100) as f64 / 100.0,
+            })
+            .collect();
+        let f = Fleet { prompt: 3_000, w };
+        let e = next(u64::MAX);
+        assert_eq!(aware().pick(&f, e), blind().pick(&f, e));
+    }
+}
