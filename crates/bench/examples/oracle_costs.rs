@@ -1,12 +1,14 @@
 //! What each oracle of the bound's family costs to simulate, beside what it achieves: per
 //! scenario and load, the wall time of one run and its hit rate, p50, p99 and wait p99 TTFT,
-//! with `min_ttft / kv-index` as the production reference. The sweep runs every oracle at every
+//! with `min_ttft` on the KV index (fleet-aware, and fleet-blind as before issue 24) as the
+//! production reference. The sweep runs every oracle at every
 //! load point, so an oracle much dearer than greedy makes the sweep unaffordable.
 //!
 //! `cargo run --release -p loadlink-bench --example oracle_costs -- [SCENARIO[,…]] [LOAD[,…]]
 //! [DURATION_S] [SEED] [ORACLE-LABEL-SUBSTRING]` (defaults: s3, 0.85,1.0, 300, 1, all).
 
-use loadlink_bench::scenario::{CACHE_VARIANTS, Variant, arrivals, by_name, run_arrivals};
+use loadlink_bench::scenario::saturation::SWEEP_VARIANTS;
+use loadlink_bench::scenario::{Variant, arrivals, by_name, run_arrivals};
 use loadlink_bench::sim::{CacheView, ORACLES, quantile};
 use loadlink_router::LoadSignal;
 use std::time::Instant;
@@ -24,18 +26,16 @@ fn main() -> Result<(), String> {
     let duration = parse(&arg(2, "300"), "DURATION_S")?;
     let seed = parse(&arg(3, "1"), "SEED")? as u64;
     let only = arg(4, "");
-    let reference = CACHE_VARIANTS
+    let reference = SWEEP_VARIANTS
         .iter()
-        .find(|v| v.label == "min_ttft / kv-index")
-        .copied()
-        .ok_or("no min_ttft / kv-index variant")?;
+        .filter(|v| v.label.starts_with("min_ttft") && v.label.ends_with("kv-index"));
     let oracles = ORACLES.iter().map(|&(label, router)| Variant {
         label,
         router,
         signal: LoadSignal::Backlog,
         cache: CacheView::Blind,
     });
-    let variants: Vec<Variant> = std::iter::once(reference)
+    let variants: Vec<Variant> = (reference.copied())
         .chain(oracles)
         .filter(|v| v.label.contains(only.as_str()))
         .collect();

@@ -14,6 +14,7 @@
 //! window leaves: each engine's n waiting requests still face, on average, half of its queued
 //! prefill seconds W, so n·W/2 (FCFS over the queue's order).
 
+use super::clairvoyant::Hashed;
 use super::engine::SimEngine;
 use super::oracle::recompute_s_of;
 use crate::workload::Arrival;
@@ -29,8 +30,9 @@ pub(crate) struct Window<'a> {
     /// The arrivals after the decided one, in time order, with their indices.
     pub arrivals: &'a [Arrival],
     pub first_index: usize,
-    /// Per arrival (same order): its page chain at the fleet's page size (empty: nothing to
+    /// Per arrival (same order): its page chain at `page` tokens per page (empty: nothing to
     /// match), and the unit a direct arrival goes to.
+    pub page: usize,
     pub chains: &'a [&'a PageChain],
     pub direct_unit: &'a dyn Fn(usize) -> usize,
 }
@@ -62,9 +64,18 @@ fn cheap_pick(scheds: &[Scheduler], chain: &PageChain) -> usize {
         .map_or(0, |(e, _)| e)
 }
 
-/// `s` arrives at unit `u` at `t` (an idle unit starts stepping then).
-fn send(scheds: &mut [Scheduler], next: &mut [Option<f64>], (u, s): (usize, Submit), t: f64) {
-    scheds[u].submit(s);
+/// `s` arrives at unit `u` at `t` (an idle unit starts stepping then); its prompt's chain, when
+/// hashed at the unit's page size, is not hashed again.
+fn send(
+    scheds: &mut [Scheduler],
+    next: &mut [Option<f64>],
+    (u, s, chain): (usize, Submit, Option<(usize, &PageChain)>),
+    t: f64,
+) {
+    match chain.filter(|(page, _)| *page == scheds[u].config().page_size) {
+        Some((_, c)) => scheds[u].submit_hashed(s, c.clone()),
+        None => scheds[u].submit(s),
+    }
     next[u].get_or_insert(t);
 }
 
@@ -72,7 +83,7 @@ fn send(scheds: &mut [Scheduler], next: &mut [Option<f64>], (u, s): (usize, Subm
 /// window_s` with `w`'s arrivals (lower is better).
 pub(crate) fn score(
     engines: &[SimEngine],
-    submit: &Submit,
+    p: &Hashed<'_>,
     unit: usize,
     now: f64,
     window_s: f64,
@@ -89,7 +100,9 @@ pub(crate) fn score(
         .unzip();
     // Tracked: the decided request (slot 0) and the window's arrivals; arrival time, first token.
     let mut tracked: Vec<(f64, Option<f64>)> = vec![(now, None)];
-    send(&mut scheds, &mut next, (unit, submit.clone()), now);
+    let page = engines[unit].model().page_size;
+    let chain = p.chain(page).map(|c| (page, c));
+    send(&mut scheds, &mut next, (unit, p.submit.clone(), chain), now);
     let mut k = 0;
     loop {
         let step_at = (next.iter().enumerate())
@@ -108,7 +121,8 @@ pub(crate) fn score(
                     Some(p) => Submit::tokens(id, p.clone(), a.output_tokens),
                     None => Submit::counted(id, a.prompt_tokens, a.output_tokens),
                 };
-                send(&mut scheds, &mut next, (u, s), ta);
+                let chain = Some((w.page, w.chains[k]));
+                send(&mut scheds, &mut next, (u, s, chain), ta);
                 tracked.push((ta, None));
                 k += 1;
             }
@@ -122,7 +136,7 @@ pub(crate) fn score(
                         Event::Token { .. } => continue,
                     };
                     let slot = match id {
-                        id if id == submit.id => Some(0),
+                        id if id == p.submit.id => Some(0),
                         id => (id as usize)
                             .checked_sub(w.first_index)
                             .map(|j| j + 1)

@@ -31,7 +31,7 @@
 //! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
 //! at most what Greedy does and Sticky(∞) forks only when there is no single holder.
 
-use super::clairvoyant::{self, first_token_within, soonest};
+use super::clairvoyant::{self, Hashed, first_token_within, soonest};
 use super::engine::SimEngine;
 use super::lookahead::{self, Window};
 use super::{DirectTarget, Sim, SimRouter};
@@ -88,11 +88,12 @@ impl Sim<'_> {
         t: f64,
     ) -> usize {
         self.out.decisions += 1;
+        let p = Hashed::new(submit, &self.engines);
         if oracle != Oracle::Lookahead {
-            return pick(oracle, &self.engines, submit, t);
+            return pick(oracle, &self.engines, &p, t);
         }
-        let Some((h, th, g)) = holder_or_sooner(&self.engines, submit, t, 0.0) else {
-            return clairvoyant::pick(&self.engines, submit, t);
+        let Some((h, th, g)) = holder_or_sooner(&self.engines, &p, t, 0.0) else {
+            return clairvoyant::pick(&self.engines, &p, t);
         };
         let Some(g) = g else {
             return h; // greedy's engine is a holder
@@ -106,7 +107,9 @@ impl Sim<'_> {
         memo.resize(memo.len().max(self.arrivals.len()), None);
         for (k, a) in arrivals.iter().enumerate() {
             memo[i + 1 + k].get_or_insert_with(|| match a.prompt.as_deref() {
-                Some(p) if !p.is_empty() => PageChain::of(&p[..p.len() - 1], page),
+                Some(tokens) if !tokens.is_empty() => {
+                    PageChain::of(&tokens[..tokens.len() - 1], page)
+                }
                 _ => PageChain::default(),
             });
         }
@@ -124,46 +127,31 @@ impl Sim<'_> {
         let w = Window {
             arrivals,
             first_index: i + 1,
+            page,
             chains: &chains,
             direct_unit: &direct_unit,
         };
-        let score = |u| lookahead::score(&self.engines, submit, u, t, window_s, &w);
+        let score = |u| lookahead::score(&self.engines, &p, u, t, window_s, &w);
         if score(g) < score(h) { g } else { h }
     }
 }
 
 /// The engine (scheduler unit) `oracle` sends `submit` to at `now`.
-pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], submit: &Submit, now: f64) -> usize {
+pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f64) -> usize {
     match oracle {
-        Oracle::Greedy => clairvoyant::pick(engines, submit, now),
-        Oracle::Sticky { kappa } => sticky(engines, submit, now, kappa),
+        Oracle::Greedy => clairvoyant::pick(engines, p, now),
+        Oracle::Sticky { kappa } => sticky(engines, p, now, kappa),
         // Without the future arrivals (a caller outside the simulation): greedy.
-        Oracle::Lookahead => clairvoyant::pick(engines, submit, now),
+        Oracle::Lookahead => clairvoyant::pick(engines, p, now),
     }
 }
 
 /// Per engine, the prompt tokens it has or will have cached ([`SimEngine::will_match`]); all 0
 /// for a prompt known only by its length.
-pub(crate) fn matches(engines: &[SimEngine], submit: &Submit) -> Vec<u64> {
-    let Some(tokens) = submit.prompt.as_deref().filter(|p| !p.is_empty()) else {
-        return vec![0; engines.len()];
-    };
-    let hashed = &tokens[..tokens.len() - 1]; // the engine computes the last token always
-    let mut chains: Vec<(usize, PageChain)> = Vec::with_capacity(1);
-    engines
-        .iter()
-        .map(|e| {
-            let page = e.model().page_size;
-            let k = match chains.iter().position(|(p, _)| *p == page) {
-                Some(k) => k,
-                None => {
-                    let ns = submit.namespace.clone();
-                    chains.push((page, PageChain::in_namespace(hashed, page, ns)));
-                    chains.len() - 1
-                }
-            };
-            e.will_match(&chains[k].1)
-        })
+pub(crate) fn matches(engines: &[SimEngine], p: &Hashed<'_>) -> Vec<u64> {
+    let chain = |e: &SimEngine| p.chain(e.model().page_size);
+    (engines.iter())
+        .map(|e| chain(e).map_or(0, |c| e.will_match(c)))
         .collect()
 }
 
@@ -182,17 +170,17 @@ pub(crate) fn recompute_s_of(model: &ModelConfig, tokens: u64) -> f64 {
 /// (`None`: h stays best). `None` when no engine holds any of the prompt.
 fn holder_or_sooner(
     engines: &[SimEngine],
-    submit: &Submit,
+    p: &Hashed<'_>,
     now: f64,
     kappa: f64,
 ) -> Option<(usize, f64, Option<usize>)> {
-    let m = matches(engines, submit);
+    let m = matches(engines, p);
     let top = m.iter().copied().max().filter(|&t| t > 0)?;
     let holders = (0..engines.len()).filter(|&e| m[e] == top);
     let n = engines.len().max(1);
-    let start = (submit.id % n as u64) as usize;
+    let start = (p.submit.id % n as u64) as usize;
     let first_holder = (0..n).map(|k| (start + k) % n).find(|&e| m[e] == top)?;
-    let (th, h) = soonest(engines, holders, submit, now, (f64::INFINITY, None))
+    let (th, h) = soonest(engines, holders, p, now, (f64::INFINITY, None))
         .unwrap_or((f64::INFINITY, first_holder));
     let mut best = (th, None);
     for o in (0..engines.len()).map(|k| (start + k) % n) {
@@ -203,7 +191,7 @@ fn holder_or_sooner(
         if charge >= best.0 {
             continue; // even an instant first token would not pay for the move
         }
-        let t = first_token_within(&engines[o], submit, now, best.0 - charge);
+        let t = first_token_within(&engines[o], p, now, best.0 - charge);
         if t + charge < best.0 {
             best = (t + charge, Some(o));
         }
@@ -211,17 +199,17 @@ fn holder_or_sooner(
     Some((h, th, best.1))
 }
 
-fn sticky(engines: &[SimEngine], submit: &Submit, now: f64, kappa: f64) -> usize {
+fn sticky(engines: &[SimEngine], p: &Hashed<'_>, now: f64, kappa: f64) -> usize {
     if kappa == f64::INFINITY {
-        let m = matches(engines, submit);
+        let m = matches(engines, p);
         let top = m.iter().copied().max().unwrap_or(0);
         let mut holders = (0..engines.len()).filter(|&e| top > 0 && m[e] == top);
         if let (Some(h), None) = (holders.next(), holders.next()) {
             return h; // the one holder: no fork needed
         }
     }
-    match holder_or_sooner(engines, submit, now, kappa) {
-        None => clairvoyant::pick(engines, submit, now),
+    match holder_or_sooner(engines, p, now, kappa) {
+        None => clairvoyant::pick(engines, p, now),
         Some((h, _, moved)) => moved.unwrap_or(h),
     }
 }

@@ -2,7 +2,7 @@
 //! first token on every engine (no pruning), on real engines driven by a prefix workload near
 //! saturation; and whole simulations are deterministic and keep more locality than greedy.
 
-use super::clairvoyant::first_token_in;
+use super::clairvoyant::{Hashed, first_token_in};
 use super::engine::SimEngine;
 use super::lookahead::{self, Window};
 use super::oracle::{self, ORACLES, Oracle, matches, recompute_s};
@@ -73,11 +73,12 @@ fn decisions(oracle: Oracle) -> Vec<Seen> {
     for (i, a) in arrivals(&s, 5, 1.0).iter().enumerate() {
         fleet.advance(a.t);
         let submit = Submit::tokens(i as u64, a.prompt.clone().unwrap(), a.output_tokens);
-        let m = matches(&fleet.engines, &submit);
+        let hashed = Hashed::new(&submit, &fleet.engines);
+        let m = matches(&fleet.engines, &hashed);
         let ttft = (fleet.engines.iter())
             .map(|e| first_token_in(e, &submit, a.t))
             .collect();
-        let pick = oracle::pick(oracle, &fleet.engines, &submit, a.t);
+        let pick = oracle::pick(oracle, &fleet.engines, &hashed, a.t);
         seen.push(Seen { m, ttft, pick });
         fleet.send(pick, submit, a.t);
     }
@@ -194,13 +195,15 @@ fn a_rollout_with_no_arrivals_scores_exactly_the_forks_first_token() {
     let window = Window {
         arrivals: &[],
         first_index: early.len() + 1,
+        page: s.model.page_size,
         chains: &[],
         direct_unit: &direct,
     };
     for u in 0..2 {
         let ttft = first_token_in(&fleet.engines[u], &submit, now);
         assert!(ttft > 0.5, "engine {u} is loaded: {ttft}");
-        let score = lookahead::score(&fleet.engines, &submit, u, now, 1e4, &window);
+        let hashed = Hashed::new(&submit, &fleet.engines);
+        let score = lookahead::score(&fleet.engines, &hashed, u, now, 1e4, &window);
         assert_eq!(score, ttft, "engine {u}");
     }
 }
