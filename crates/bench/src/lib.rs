@@ -15,7 +15,6 @@ pub mod overload;
 pub mod plot;
 pub mod report;
 pub mod scenario;
-#[cfg(test)]
 pub mod sim;
 pub mod soak;
 pub mod sweep;

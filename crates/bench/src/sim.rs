@@ -29,7 +29,7 @@ mod events;
 mod finish;
 mod lookahead;
 mod models;
-mod oracle;
+pub mod oracle;
 #[cfg(test)]
 mod oracle_tests;
 mod outcome;
