@@ -14,7 +14,7 @@
 //!   records what it dispatched in its own approximate tree ([`cache`]); the variant's
 //!   [`CacheView`] says which of them the policy's view reads;
 //! * the [`clairvoyant`] router instead forks every engine's scheduler and sends each request where
-//!   its first token comes soonest;
+//!   its first token comes soonest; it is one of the [`oracle`] routers the bound is made of;
 //! * an engine of several DP ranks is that many schedulers, each publishing on its own; a request
 //!   without a rank goes through the engine's dispatcher ([`ranks`]). Everything per engine above
 //!   (steps, heartbeats, publishes, KV events, polls, queue samples) is per rank;
@@ -27,14 +27,21 @@ mod delivery;
 mod engine;
 mod events;
 mod finish;
+mod lookahead;
 mod models;
+pub mod oracle;
+#[cfg(test)]
+mod oracle_tests;
 mod outcome;
 mod pd;
 mod queues;
 mod ranks;
+#[cfg(test)]
+mod utilisation_tests;
 
 pub use cache::{APPROX_TTL_MS, CacheView};
 pub use delivery::LoadDelivery;
+pub use oracle::{ORACLES, Oracle};
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, isolated_ttft, quantile};
 pub use pd::{DecodePolicy, KvLink, PdFleet, PdTimeline, first_decode_step};
 pub use ranks::RankRouting;
@@ -64,8 +71,11 @@ use std::time::Instant;
 pub enum SimRouter {
     /// Router replicas running a production policy.
     Policy(Policy),
-    /// The bound: exact knowledge of every engine, soonest first token ([`clairvoyant`]).
+    /// Exact knowledge of every engine, soonest first token ([`clairvoyant`]); the same router as
+    /// `Oracle(Oracle::Greedy)`.
     Clairvoyant,
+    /// One oracle of the bound's family ([`oracle`]).
+    Oracle(Oracle),
 }
 
 /// Where direct (router-bypassing) traffic goes.
@@ -155,6 +165,8 @@ struct Sim<'a> {
     latest: delivery::Latest,
     /// The PD fleet's state ([`pd`]).
     pd: Option<pd::PdState>,
+    /// The arrivals' page chains, for the lookahead oracle ([`oracle`]).
+    chains: oracle::ChainMemo,
 }
 
 fn ms(t: f64) -> u64 {
@@ -340,10 +352,8 @@ impl Sim<'_> {
     /// sent now (refused by admission: rejected, or queued when it is a new `arrival`).
     fn route(&mut self, i: usize, submit: &Submit, t: f64, arrival: bool) -> Option<usize> {
         let policy = match self.cfg.router {
-            SimRouter::Clairvoyant => {
-                self.out.decisions += 1;
-                return Some(clairvoyant::pick(&self.engines, submit, t));
-            }
+            SimRouter::Clairvoyant => return Some(self.oracle_pick(Oracle::Greedy, i, submit, t)),
+            SimRouter::Oracle(o) => return Some(self.oracle_pick(o, i, submit, t)),
             SimRouter::Policy(p) => p,
         };
         let r = i % self.cfg.routers;
@@ -366,6 +376,11 @@ impl Sim<'_> {
             .with_prefix(submit.prompt_tokens, &cached)
             .with_host_cached(&host)
             .with_cache_sizes(&sizes)
+            .with_regret(self.caches[r].regret())
+            .with_chain(
+                &chain,
+                self.cfg.engines.first().map_or(16, |m| m.page_size) as u64,
+            )
             .with_adapter_costs(&self.adapter_costs);
         view.now_ms = ms(t);
         let cfg = self.cfg;
@@ -473,6 +488,7 @@ pub fn simulate_with_queues(
         pd: cfg
             .pd
             .map(|f| pd::PdState::new(f, layout.engines, arrivals.len())),
+        chains: Default::default(),
     };
     sim.set_pd_modes();
     sim.run();

@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result};
 use loadlink_bench::scenario::saturation::{
-    DEFAULT_LABEL, SWEEP_LOADS, SWEEP_ORACLES, SWEEP_VARIANTS, burst_arrivals,
+    DEFAULT_LABEL, SWEEP_LOADS, SWEEP_VARIANTS, burst_arrivals, sweep_oracles,
 };
 use loadlink_bench::scenario::{self, Scenario, Variant};
 use loadlink_bench::sweep::{self, recovery};
@@ -73,7 +73,7 @@ pub(crate) fn default_loads() -> Vec<f64> {
 fn variants(oracles: bool) -> Vec<Variant> {
     let mut v = SWEEP_VARIANTS.to_vec();
     if oracles {
-        v.extend(SWEEP_ORACLES);
+        v.extend(sweep_oracles());
     }
     v
 }

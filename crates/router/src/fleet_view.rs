@@ -35,6 +35,10 @@ pub struct FleetView<'a> {
     /// Per candidate, what the request's LoRA adapter costs there: a load, the reload of what it
     /// evicts, a wait for a slot ([`crate::adapters::AdapterBook::fill_costs`]); empty: no adapter.
     pub adapter_costs: &'a [AdapterCost],
+    /// Per candidate, its cache's eviction regret, 0–1 ([`crate::cache::regret`]); empty: unknown.
+    pub regret: &'a [f32],
+    /// The request's chain of page hashes (root first) and the tokens per page; empty: unknown.
+    pub chain: (&'a [i64], u64),
 }
 
 impl<'a> FleetView<'a> {
@@ -53,6 +57,8 @@ impl<'a> FleetView<'a> {
             host_cached: &[],
             cache_sizes: &[],
             adapter_costs: &[],
+            regret: &[],
+            chain: (&[], 0),
         }
     }
 
@@ -97,11 +103,27 @@ impl<'a> FleetView<'a> {
     }
 
     /// The view with a request's cache lookup: its prompt, each candidate's cached prefix (and the
-    /// part of it on a host tier only), and the router's belief of each cache's size.
+    /// part of it on a host tier only), the router's belief of each cache's size, and each
+    /// cache's eviction regret.
     pub fn with_lookup(self, l: &'a crate::cache::Lookup) -> Self {
+        let (block, chain) = l.prompt.any_chain().unwrap_or((0, &[]));
         self.with_prefix(l.prompt.prompt_tokens, &l.cached)
             .with_host_cached(&l.host_cached)
             .with_cache_sizes(&l.sizes)
+            .with_regret(&l.regret)
+            .with_chain(chain, block)
+    }
+
+    /// The view with the request's chain of page hashes, `block` tokens per page.
+    pub fn with_chain(mut self, chain: &'a [i64], block: u64) -> Self {
+        self.chain = (chain, block);
+        self
+    }
+
+    /// The view with each candidate's eviction regret (same order).
+    pub fn with_regret(mut self, regret: &'a [f32]) -> Self {
+        self.regret = regret;
+        self
     }
 
     /// The view with the part of each candidate's cached prefix held on a host tier only.
@@ -207,6 +229,30 @@ impl View for FleetView<'_> {
     fn inflight(&self, i: usize) -> i64 {
         self.pricing(i).inflight
     }
+    #[inline]
+    fn utilisation(&self, i: usize) -> Option<f64> {
+        self.pricing(i).utilisation
+    }
+    #[inline]
+    fn free_pool_tokens(&self, i: usize) -> Option<u64> {
+        self.pricing(i).free_pool_tokens
+    }
+    #[inline]
+    fn prefix_key(&self, tokens: u64) -> Option<u64> {
+        let (chain, block) = self.chain;
+        let page = tokens.checked_div(block)?;
+        chain.get(page as usize).map(|&h| h as u64)
+    }
+    #[inline]
+    fn worker_key(&self, i: usize) -> u64 {
+        let c = self.targets.get(i);
+        let w = &self.targets.workers()[c.worker as usize];
+        w.url_key ^ c.rank.map_or(0, |r| crate::policy::mix(u64::from(r) + 1))
+    }
+    #[inline]
+    fn eviction_regret(&self, i: usize) -> f64 {
+        self.regret.get(i).map_or(0.0, |&r| f64::from(r))
+    }
     fn pending_transfers(&self, i: usize) -> Option<i64> {
         let c = self.targets.get(i);
         let w = &self.targets.workers()[c.worker as usize];
@@ -225,6 +271,8 @@ impl View for FleetView<'_> {
             s_per_token: p.us_per_token * 1e-6,
             kv_usage: p.kv_usage,
             inflight: p.inflight,
+            utilisation: p.utilisation,
+            free_pool_tokens: p.free_pool_tokens,
         }
     }
 }

@@ -326,6 +326,20 @@ fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
         }
     }
     let mut f = e.family(
+        "loadlink_rank_utilisation",
+        MetricType::Gauge,
+        "Share of the rank's full-batch capacity in use, smoothed over 5 s (NaN: not measured)",
+    );
+    for (w, _) in loads {
+        for r in w.ranks.iter() {
+            let labels = RankLabels {
+                worker: &w.url,
+                rank: r.rank,
+            };
+            f.sample(&labels, Number::Float(r.rho().unwrap_or(f64::NAN)));
+        }
+    }
+    let mut f = e.family(
         "loadlink_frames_dropped_total",
         MetricType::Counter,
         "Load frames dropped, by reason",

@@ -49,8 +49,14 @@ pub const SWEEP_VARIANTS: [Variant; 6] = [
 /// The label of the default policy in [`SWEEP_VARIANTS`], whose acceptance the sweep checks.
 pub const DEFAULT_LABEL: &str = "min_ttft / kv-index";
 
-/// The oracles (simulation only) whose best figures make the bound.
-pub const SWEEP_ORACLES: [Variant; 1] = [CACHE_VARIANTS[6]];
+/// The oracles (simulation only, [`crate::sim::oracle::ORACLES`]) whose best figures make the
+/// bound.
+pub fn sweep_oracles() -> Vec<Variant> {
+    crate::sim::oracle::ORACLES
+        .iter()
+        .map(|&(label, router)| variant(label, router, LoadSignal::Backlog, CacheView::Blind))
+        .collect()
+}
 
 /// Long agentic sessions on 8 engines behind 4 routers.
 pub fn agentic(s1: Scenario) -> Scenario {

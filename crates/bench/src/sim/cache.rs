@@ -6,7 +6,8 @@
 //! Both are kept per DP rank (each rank's KV-event stream is its own index slot; each rank routed
 //! by name has its own tree slot), and answered per candidate ([`RouterCache::lookup`]). The
 //! index also says how much of each hit is on a host tier only (engines with `host_tier`), which
-//! `min_ttft` prices at its load-back time.
+//! `min_ttft` prices at its load-back time, and each slot's eviction regret
+//! ([`RouterCache::regret`]), as the live `CacheBook` does.
 
 use super::ranks::Layout;
 use loadlink_engine::model::Submit;
@@ -55,6 +56,8 @@ pub(crate) struct RouterCache {
     depth: Vec<u32>,
     /// Scratch: per slot, how many of them are on a host tier only.
     host_depth: Vec<u32>,
+    /// Per candidate of the last lookup, its eviction regret (0 unless the view is the index).
+    regret: Vec<f32>,
 }
 
 impl RouterCache {
@@ -70,7 +73,14 @@ impl RouterCache {
             tier_matches: Vec::new(),
             depth: Vec::new(),
             host_depth: Vec::new(),
+            regret: Vec::new(),
         }
+    }
+
+    /// Per candidate of the last [`RouterCache::lookup`], its cache's eviction regret, 0–1 (a
+    /// rank's own; a whole engine's most regretful rank; 0 without the KV index).
+    pub(crate) fn regret(&self) -> &[f32] {
+        &self.regret
     }
 
     /// KV events of scheduler `unit` (one rank of an engine: its own stream) arrive.
@@ -120,6 +130,8 @@ impl RouterCache {
         host.resize(n, 0);
         sizes.clear();
         sizes.resize(n, 0);
+        self.regret.clear();
+        self.regret.resize(n, 0.0);
         match self.view {
             CacheView::Blind => return,
             CacheView::Approx => {
@@ -166,6 +178,10 @@ impl RouterCache {
                     (h, o, b.max(st.blocks))
                 }),
             };
+            if self.view == CacheView::Index {
+                let of = |u| self.index.regret(u as Slot) as f32;
+                self.regret[i] = self.layout.units_of(c).map(of).fold(0.0, f32::max);
+            }
             cached[i] = u64::from(held) * self.page_size;
             host[i] = u64::from(off) * self.page_size;
             sizes[i] = blocks * self.page_size;
@@ -242,6 +258,31 @@ mod tests {
             (&mut host, &mut sizes),
         );
         assert_eq!((cached, sizes), (vec![0, 48], vec![0, 64]));
+    }
+
+    #[test]
+    fn the_index_view_carries_each_ranks_eviction_regret_and_a_whole_engine_its_worst() {
+        use loadlink_wire::kv_events::BlockRemoved;
+        let (ws, ranked) = fleet();
+        let mut c = RouterCache::new(CacheView::Index, 16, 1000, Layout::new(2, 4));
+        let removed = KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![2],
+            medium: None,
+        });
+        // Engine 1, rank 1 evicts block 2 and needs it again; rank 2 evicts it for good.
+        c.apply(5, &[stored(&[1, 2]), removed.clone(), stored(&[1, 2])]);
+        c.apply(6, &[stored(&[1, 2]), removed]);
+        let (mut cached, mut host, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut look = |c: &mut RouterCache, targets| {
+            c.lookup(&[1, 2], 0, targets, &mut cached, (&mut host, &mut sizes));
+            c.regret().to_vec()
+        };
+        let per_rank = look(&mut c, Candidates::listed(&ws, &ranked));
+        assert_eq!(per_rank, [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
+        assert_eq!(look(&mut c, Candidates::whole(&ws)), [0.0, 1.0]);
+        let mut blind = RouterCache::new(CacheView::Approx, 16, 1000, Layout::new(2, 4));
+        blind.apply(5, &[stored(&[1, 2])]);
+        assert_eq!(look(&mut blind, Candidates::whole(&ws)), [0.0, 0.0]);
     }
 
     #[test]

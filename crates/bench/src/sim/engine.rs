@@ -6,6 +6,7 @@
 //! decode cadence, and the simulator delivers them to the routers.
 
 use loadlink_engine::model::{Event, ModelConfig, Scheduler, StepKind, Submit};
+use loadlink_engine::radix::PageChain;
 use loadlink_engine::{CycleEvent, PublishCycle, PublishPoint};
 use loadlink_publish::{LoadSource, MemorySink, Publisher, Sent, sink_interval};
 use loadlink_wire::LoadSnapshot;
@@ -118,6 +119,27 @@ impl SimEngine {
             sched.submit(s.clone());
         }
         (sched, if self.busy { self.busy_until } else { now })
+    }
+
+    /// The engine's model config (page size, step timing).
+    pub(crate) fn model(&self) -> &ModelConfig {
+        self.publisher.source().sched.config()
+    }
+
+    /// Tokens of `chain` this engine has cached or will have once the requests it holds (queued,
+    /// running, or not taken in yet) finish: the match an oracle router knows of.
+    pub(crate) fn will_match(&self, chain: &PageChain) -> u64 {
+        let sched = &self.publisher.source().sched;
+        let page = self.model().page_size;
+        let inbox = self.inbox.iter().filter_map(|s| {
+            let p = s.prompt.as_deref().filter(|p| !p.is_empty())?;
+            let c = PageChain::in_namespace(&p[..p.len() - 1], page, s.namespace.clone());
+            let shared = c.hashes.iter().zip(&chain.hashes);
+            Some(shared.take_while(|(a, b)| a == b).count() as u64 * page as u64)
+        });
+        (sched.prefix_cache().matched_tokens(chain))
+            .max(sched.queued_match(chain))
+            .max(inbox.max().unwrap_or(0))
     }
 
     /// Snapshots published since the last call, in order.

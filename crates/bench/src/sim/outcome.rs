@@ -11,6 +11,10 @@ pub struct QueueStats {
     pub hot_fraction: f64,
     /// The longest run of consecutive hot samples of one engine, seconds.
     pub hot_longest_s: f64,
+    /// Mean over the 1 s samples taken while requests arrive, and over engines, of the utilisation
+    /// ρ the (first) router's book measured (`loadlink_router::book::utilisation`); `None`: never
+    /// measured.
+    pub mean_utilisation: Option<f64>,
 }
 
 /// A queue counts as hot only from this many waiting requests (a queue of 1 against a mean of 0.25
@@ -41,6 +45,9 @@ pub struct Outcome {
     /// `(cached, prompt)` tokens summed over the fleet's engines for the run; `None`: unknown
     /// (a live engine that does not export them).
     pub cache_tokens: Option<(u64, u64)>,
+    /// The fleet's `(t, cached, prompt)` token totals at each 1 s sample (simulated runs), so a
+    /// hit rate can leave out a warm-up ([`Outcome::hit_rate_since`]).
+    pub cache_series: Vec<(f64, u64, u64)>,
     /// Of the cached tokens, those loaded back from engines' host tiers (0 without one).
     pub loaded_back_tokens: u64,
     /// LoRA adapter loads summed over the fleet's engines (0 without adapters).
@@ -56,6 +63,30 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The fleet's hit rate over the prompt tokens computed from `t0` (the first sample at or
+    /// after it) to the end; the whole run's when `t0` is 0 or there are no samples.
+    pub fn hit_rate_since(&self, t0: f64) -> Option<f64> {
+        let (cached, prompt) = self.cache_tokens?;
+        let (c0, p0) = match self.cache_series.iter().find(|s| s.0 >= t0) {
+            Some(&(_, c, p)) if t0 > 0.0 => (c, p),
+            _ => (0, 0),
+        };
+        let p = prompt.checked_sub(p0).filter(|&p| p > 0)?;
+        Some(cached.saturating_sub(c0) as f64 / p as f64)
+    }
+
+    /// TTFTs and waits (TTFT minus floor) of the requests that arrived from `t0` on.
+    pub fn since(&self, t0: f64) -> (Vec<f64>, Vec<f64>) {
+        let keep = |k: &usize| self.arrived.get(*k).is_none_or(|&a| a >= t0);
+        let idx: Vec<usize> = (0..self.ttft.len()).filter(keep).collect();
+        let ttft = idx.iter().map(|&k| self.ttft[k]).collect();
+        let waits = idx
+            .iter()
+            .map(|&k| self.ttft[k] - self.ttft_floor.get(k).copied().unwrap_or(0.0))
+            .collect();
+        (ttft, waits)
+    }
+
     /// Per request, TTFT minus its floor: the waiting that routing can influence.
     pub fn waits(&self) -> Vec<f64> {
         self.ttft

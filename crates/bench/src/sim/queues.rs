@@ -1,5 +1,6 @@
 //! The 1 s samples of the engines' waiting queues: how unevenly they filled (coefficient of
-//! variation, and runs of one engine's queue above twice the fleet's mean).
+//! variation, and runs of one engine's queue above twice the fleet's mean); and of the utilisation
+//! ρ the first router replica's book measured per engine, to check it against the offered load.
 
 use super::outcome::{HOT_QUEUE_MIN, Outcome, QueueStats};
 use super::{Ev, Sim};
@@ -13,6 +14,18 @@ impl Sim<'_> {
             .map(|e| e.num_waiting() as f64)
             .collect();
         self.queues.sample(&w);
+        // While requests arrive: the drain after the last one is not the offered load.
+        if self.arrivals.last().is_some_and(|a| t <= a.t) {
+            for rho in self.books[0].iter().filter_map(|w| w.utilisation()) {
+                self.queues.rho_sum += rho;
+                self.queues.rho_samples += 1;
+            }
+        }
+        let totals = self.engines[self.prefilling_units()]
+            .iter()
+            .map(super::engine::SimEngine::cache_totals)
+            .fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep));
+        self.out.cache_series.push((t, totals.0, totals.1));
         self.report_adapters(t);
         if self.remaining > 0 {
             self.push(t + 1.0, Ev::Sample);
@@ -28,6 +41,9 @@ pub(super) struct QueueSamples {
     /// (engine, consecutive hot samples) of the current run.
     run: Option<(usize, usize)>,
     longest: usize,
+    /// Σ and count of the engines' measured ρ over the samples (engines not measured yet skipped).
+    rho_sum: f64,
+    rho_samples: usize,
 }
 
 impl QueueSamples {
@@ -55,6 +71,8 @@ impl QueueSamples {
         QueueStats {
             hot_fraction: self.hot as f64 / n,
             hot_longest_s: self.longest as f64,
+            mean_utilisation: (self.rho_samples > 0)
+                .then(|| self.rho_sum / self.rho_samples as f64),
         }
     }
 }

@@ -11,6 +11,8 @@ fn r(load: f64, label: &str, kind: RowKind, hit: f64, p50: f64, p99: f64, wait: 
         p50,
         p99,
         wait_p99: wait,
+        p99_whole_run: p99,
+        rho: None,
         completed: 1,
         submitted: 1,
     }

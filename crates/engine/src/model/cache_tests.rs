@@ -192,3 +192,26 @@ fn published_uncached_tokens_match_an_account_kept_from_the_event_stream() {
         "sessions really hit"
     );
 }
+
+#[test]
+fn queued_match_sees_prompts_waiting_and_running_until_the_cache_takes_them() {
+    // Page 4. A 21-token prompt hashes 5 pages (all but its last token).
+    let mut s = Scheduler::new(cfg(4, 10_000));
+    let first = ids(0..21);
+    s.submit(Submit::tokens(1, first.clone(), 5));
+    // A follow-up sharing the first 9 tokens: its chain shares 2 full pages (8 tokens).
+    let mut follow: Vec<u32> = first[..9].to_vec();
+    follow.extend(500..520);
+    let chain = PageChain::of(&follow[..follow.len() - 1], 4);
+    let stranger = PageChain::of(&(900..940).collect::<Vec<u32>>(), 4);
+    assert_eq!(s.queued_match(&chain), 8, "waiting: shared pages count");
+    assert_eq!(s.prefix_cache().matched_tokens(&chain), 0, "not cached yet");
+    assert_eq!(s.queued_match(&stranger), 0, "nothing shared");
+    let st = s.step(0.0);
+    assert_eq!(st.kind, StepKind::Prefill);
+    assert_eq!(s.num_running(), 1);
+    assert_eq!(s.queued_match(&chain), 8, "running: still counted");
+    drain(&mut s, st.duration);
+    assert_eq!(s.queued_match(&chain), 0, "finished: no longer queued");
+    assert_eq!(s.prefix_cache().matched_tokens(&chain), 8, "now cached");
+}

@@ -3,7 +3,7 @@
 //! snapshot cuts. Reads only, beside the scheduling logic in `mod.rs`.
 
 use super::Scheduler;
-use crate::radix::{CacheStats, PrefixCache};
+use crate::radix::{CacheStats, PageChain, PrefixCache};
 use loadlink_wire::kv_events::KvEvent;
 
 impl Scheduler {
@@ -38,5 +38,27 @@ impl Scheduler {
     /// The rank's prefix cache, read-only (snapshot cuts, debug routes).
     pub fn prefix_cache(&self) -> &PrefixCache {
         &self.cache
+    }
+
+    /// Tokens of `chain`'s longest prefix that a queued or running request's prompt shares: pages
+    /// the cache does not hold yet but will once that request finishes (a request inserts its
+    /// prompt when it finishes). With [`PrefixCache::matched_tokens`] it says how much of a prompt
+    /// this rank will have cached, which is what an oracle router knows and a real one does not.
+    pub fn queued_match(&self, chain: &PageChain) -> u64 {
+        let shared = |r: &super::Req| {
+            r.chain
+                .hashes
+                .iter()
+                .zip(&chain.hashes)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let pages = (self.waiting.iter())
+            .chain(self.chunked.as_ref())
+            .chain(&self.running)
+            .map(shared)
+            .max()
+            .unwrap_or(0);
+        pages as u64 * self.cfg.page_size as u64
     }
 }

@@ -212,10 +212,15 @@ impl Scheduler {
     /// Queues a request (FCFS), matching its prompt against the cache as SGLang does when it
     /// queues one. A zero-token output finishes at its first token.
     pub fn submit(&mut self, s: Submit) {
+        let chain = s.page_chain(self.cfg.page_size);
+        self.submit_hashed(s, chain);
+    }
+
+    /// [`Scheduler::submit`] with the prompt's pages already hashed: `chain` must be
+    /// `s.page_chain(page_size)` at this scheduler's page size (who submits one request to many
+    /// copies of a scheduler hashes it once).
+    pub fn submit_hashed(&mut self, s: Submit, chain: PageChain) {
         let tokens = s.prompt.filter(|t| !t.is_empty());
-        let chain = tokens.as_deref().map_or_else(PageChain::default, |t| {
-            PageChain::in_namespace(&t[..t.len() - 1], self.cfg.page_size, s.namespace)
-        });
         let prompt = tokens.as_ref().map_or(s.prompt_tokens, |t| t.len() as u64);
         let queued_hit = self.cache.matched_tokens(&chain);
         let req = Req {

@@ -2,6 +2,7 @@
 //! and what comes out of a step ([`Step`], [`Event`]). Their own file so the scheduling logic in
 //! `mod.rs` stays readable.
 
+use crate::radix::PageChain;
 use loadlink_wire::kv_namespace::Namespace;
 use std::sync::Arc;
 
@@ -42,6 +43,18 @@ pub enum Disagg {
 }
 
 impl Submit {
+    /// The page hashes the scheduler matches and caches the prompt by: every full page of all
+    /// but its last token (that one is always computed), in its namespace; empty without token
+    /// ids.
+    pub fn page_chain(&self, page_size: usize) -> PageChain {
+        match self.prompt.as_deref() {
+            Some(t) if !t.is_empty() => {
+                PageChain::in_namespace(&t[..t.len() - 1], page_size, self.namespace.clone())
+            }
+            _ => PageChain::default(),
+        }
+    }
+
     /// A request known only by its token counts.
     pub fn counted(id: u64, prompt_tokens: u64, max_new_tokens: u64) -> Self {
         Submit {

@@ -132,6 +132,15 @@ impl<V: View> View for Capped<'_, V> {
     fn inflight(&self, i: usize) -> i64 {
         self.inner.inflight(i)
     }
+    fn utilisation(&self, i: usize) -> Option<f64> {
+        self.inner.utilisation(i)
+    }
+    fn free_pool_tokens(&self, i: usize) -> Option<u64> {
+        self.inner.free_pool_tokens(i)
+    }
+    fn eviction_regret(&self, i: usize) -> f64 {
+        self.inner.eviction_regret(i)
+    }
     fn price(&self, i: usize) -> crate::policy::Price {
         self.inner.price(i)
     }

@@ -19,10 +19,11 @@
 //! [`health`] live in their own types, held by the [`Worker`].
 //!
 //! For pricing in time ([`Worker::pricing_at`]) the book also keeps each rank's measured prefill
-//! speed ([`prefill_rate`]), its KV usage, and the prompt tokens this router dispatched since the
+//! speed ([`prefill_rate`]), its utilisation ρ ([`utilisation`]), its KV usage, and the prompt tokens this router dispatched since the
 //! snapshot (counted per dispatch by [`InflightGuard::with_tokens`], [`DISPATCH_TOKENS_GUESS`] per
 //! dispatch that does not say).
 
+mod apply;
 mod breaker;
 mod guard;
 mod health;
@@ -33,6 +34,7 @@ mod seq;
 pub use seq::SeqEvent;
 pub mod ranks;
 pub mod source;
+pub mod utilisation;
 
 pub use breaker::Breaker;
 pub use guard::InflightGuard;
@@ -41,7 +43,6 @@ pub use pricing::Pricing;
 pub use ranks::{RankOutOfRange, RankRouted, RankState, RankTable};
 pub use source::{LoadSourceKind, LoadSourceState};
 
-use crate::budget::Refusal;
 use loadlink_wire::{FrameError, LoadSnapshot};
 use prefill_rate::PRIOR_US_PER_TOKEN;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -130,6 +131,9 @@ pub type FallbackReason = Option<String>;
 #[derive(Debug)]
 pub struct Worker {
     pub url: String,
+    /// A hash of `url`, the same in every router replica ([`stable_key`]): where replicas must
+    /// agree on a worker without talking (`min_ttft`'s home for a prefix nobody holds alone).
+    pub url_key: u64,
     /// Its DP ranks: dense for a pushed worker, claimed on first report for a polled one
     /// ([`ranks`]).
     pub ranks: RankTable,
@@ -176,7 +180,19 @@ pub struct Worker {
     agg_us_per_token_bits: AtomicU64,
     /// f64 bits: the fullest rank's KV usage (0–1).
     agg_kv_usage_bits: AtomicU64,
+    /// f64 bits: the mean of the ranks' utilisation ρ ([`utilisation::RHO_NONE_BITS`] until every
+    /// rank has one).
+    agg_rho_bits: AtomicU64,
+    /// KV pool tokens free on the fullest rank ([`ranks::POOL_UNKNOWN`] unless every rank says).
+    agg_pool_free: AtomicU64,
     epoch: Instant,
+}
+
+/// FNV-1a of `s`: stable across processes and versions (unlike the std hasher's random seed).
+pub fn stable_key(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Worker {
@@ -211,6 +227,7 @@ impl Worker {
         epoch: Instant,
     ) -> Self {
         Worker {
+            url_key: stable_key(&url),
             url,
             ranks,
             load_source: LoadSourceState::new(kind),
@@ -237,6 +254,8 @@ impl Worker {
             agg_tokens_mark: AtomicU64::new(0),
             agg_us_per_token_bits: AtomicU64::new(PRIOR_US_PER_TOKEN.to_bits()),
             agg_kv_usage_bits: AtomicU64::new(0),
+            agg_rho_bits: AtomicU64::new(utilisation::RHO_NONE_BITS),
+            agg_pool_free: AtomicU64::new(ranks::POOL_UNKNOWN),
             epoch,
         }
     }
@@ -294,130 +313,11 @@ impl Worker {
         self.account_seq(rank, seq)
     }
 
-    /// Stores `rank`'s numbers from `snap` as received at `now`, without looking at a seq (the
-    /// ingest decodes only the newest of a backlog and accounts every seq with
-    /// [`Worker::account_seq`]). False for a rank without a slot (refused as
-    /// [`Refusal::RankOutOfRange`] when the peer named it). Counts outside what the book believes
-    /// (negative, or beyond [`MAX_REPORTED`]) are clamped and counted as
-    /// [`Refusal::NumberOutOfRange`].
-    pub fn apply_at(&self, rank: usize, snap: &LoadSnapshot, now: u64) -> bool {
-        let r = match self.ranks.get_or_claim(rank) {
-            Ok(r) => r,
-            Err(e) => {
-                self.refuse_rank(e);
-                return false;
-            }
-        };
-        // The first field outside what is believed, and that range's top (0: a counter that
-        // only has to be >= 0).
-        let mut out_of_range: Option<(&'static str, i64)> = None;
-        let mut believe = |field: &'static str, v: i64, max: i64| {
-            if !(0..=max).contains(&v) {
-                out_of_range.get_or_insert((field, max));
-            }
-            v.clamp(0, max)
-        };
-        let running = believe("num_running_reqs", snap.num_running_reqs, MAX_REPORTED);
-        let waiting = believe("num_waiting_reqs", snap.num_waiting_reqs, MAX_REPORTED);
-        let tokens = believe(
-            "num_total_tokens",
-            snap.num_total_tokens.max(snap.num_used_tokens),
-            MAX_REPORTED * 1000,
-        );
-        let backlog = believe(
-            "num_waiting_uncached_tokens",
-            snap.num_waiting_uncached_tokens,
-            MAX_REPORTED * 1000,
-        );
-        r.running.store(running, Relaxed);
-        r.waiting.store(waiting, Relaxed);
-        r.requests.store(running + waiting, Relaxed);
-        r.tokens.store(tokens, Relaxed);
-        r.backlog.store(backlog, Relaxed);
-        let pending = crate::pd::metrics::pending_transfers(snap.disaggregation.as_ref());
-        r.pd_pending
-            .store(believe("disaggregation", pending, MAX_REPORTED), Relaxed);
-        let usage = snap.token_usage();
-        r.token_usage_bits.store(
-            if usage.is_finite() {
-                usage.clamp(0.0, 1.0)
-            } else {
-                0.0
-            }
-            .to_bits(),
-            Relaxed,
-        );
-        let (prefill_tokens, prefill_us) = (
-            snap.total_prefill_uncached_tokens,
-            snap.total_prefill_busy_us,
-        );
-        if prefill_tokens < 0 || prefill_us < 0 {
-            out_of_range.get_or_insert(("total_prefill_uncached_tokens/total_prefill_busy_us", 0));
-        } else {
-            r.prefill.observe(prefill_tokens, prefill_us);
-            let us = r.prefill.us_per_token().unwrap_or(PRIOR_US_PER_TOKEN);
-            r.us_per_token_bits.store(us.to_bits(), Relaxed);
-        }
-        if let Some((field, max)) = out_of_range {
-            self.refusals
-                .refuse(Refusal::NumberOutOfRange, || match max {
-                    0 => format!("rank {rank}: {field}: expected cumulative counters >= 0"),
-                    _ => format!("rank {rank}: {field}: expected 0..={max} (clamped)"),
-                });
-        }
-        r.dispatch_mark
-            .store(self.dispatched.load(Relaxed), Relaxed);
-        r.tokens_mark
-            .store(self.dispatched_tokens.load(Relaxed), Relaxed);
-        let routed = &r.routed;
-        routed
-            .dispatch_mark
-            .store(routed.dispatched.load(Relaxed), Relaxed);
-        routed
-            .tokens_mark
-            .store(routed.dispatched_tokens.load(Relaxed), Relaxed);
-        r.received_ms.store(now.max(1), Relaxed);
-        self.aggregate();
-        true
-    }
-
-    fn refuse_rank(&self, e: RankOutOfRange) {
-        self.refusals.refuse(Refusal::RankOutOfRange, || {
-            format!(
-                "rank {} is not below the bound {} (the advertised dp_size, else --max-ranks)",
-                e.rank, e.bound
-            )
-        });
-    }
-
-    fn aggregate(&self) {
-        let (mut e, mut tokens, mut oldest, mut mark, mut backlog) =
-            (0i64, 0i64, u64::MAX, u64::MAX, 0i64);
-        let (mut tokens_mark, mut tokens_per_us, mut kv_usage) = (u64::MAX, 0.0f64, 0.0f64);
-        // Each rank's numbers are clamped on the way in; saturate anyway, the sums are cheap.
-        for r in self.ranks.iter() {
-            backlog = backlog.saturating_add(r.backlog.load(Relaxed));
-            e = e.saturating_add(r.requests.load(Relaxed));
-            tokens = tokens.saturating_add(r.tokens.load(Relaxed));
-            oldest = oldest.min(r.received_ms.load(Relaxed));
-            mark = mark.min(r.dispatch_mark.load(Relaxed));
-            tokens_mark = tokens_mark.min(r.tokens_mark.load(Relaxed));
-            tokens_per_us += 1.0 / r.prefill.us_per_token().unwrap_or(PRIOR_US_PER_TOKEN);
-            kv_usage = kv_usage.max(f64::from_bits(r.token_usage_bits.load(Relaxed)));
-        }
-        // Receive time last: a reader that sees it fresh sees the sums that go with it.
-        self.agg_requests.store(e, Relaxed);
-        self.agg_tokens.store(tokens, Relaxed);
-        self.agg_backlog.store(backlog, Relaxed);
-        self.agg_mark.store(mark, Relaxed);
-        self.agg_tokens_mark.store(tokens_mark, Relaxed);
-        if tokens_per_us > 0.0 {
-            self.agg_us_per_token_bits
-                .store((1.0 / tokens_per_us).to_bits(), Relaxed);
-        }
-        self.agg_kv_usage_bits.store(kv_usage.to_bits(), Relaxed);
-        self.agg_oldest_rx
-            .store(oldest, std::sync::atomic::Ordering::Release);
+    /// The worker's utilisation ρ (the mean of its ranks') as last measured, whatever its age;
+    /// `None` until every rank has one. Policies read it through [`Worker::pricing_at`], which
+    /// drops it when the load is stale.
+    pub fn utilisation(&self) -> Option<f64> {
+        utilisation::rho_of_bits(self.agg_rho_bits.load(Relaxed))
     }
 
     /// Whether the breaker lets traffic through and health checks pass.

@@ -23,6 +23,16 @@ pub struct Pricing {
     /// Requests there by its engine (running + waiting, plus this router's dispatches since the
     /// snapshot, at least its open requests); `None` as `queued_tokens`.
     pub engine_requests: Option<i64>,
+    /// Utilisation ρ in [0, 1) ([`super::utilisation`]; a worker's: the mean of its ranks');
+    /// `None` until measured, and as `queued_tokens`.
+    pub utilisation: Option<f64>,
+    /// KV pool tokens not in use (`max_total_num_tokens − num_used_tokens`, the fullest rank's
+    /// for a worker); `None` without a reported pool size, and as `queued_tokens`. Engines count
+    /// cached pages no request uses as not in use (SGLang: used = capacity − available −
+    /// evictable), so this includes the cache a placement would evict: what it can fill without
+    /// evicting is this less the cache held there (`View::cache_size`), which errs low by the
+    /// cached pages running requests lock (counted in both).
+    pub free_pool_tokens: Option<u64>,
 }
 
 impl Worker {
@@ -43,6 +53,8 @@ impl Worker {
             backlog: &self.agg_backlog,
             us_per_token_bits: &self.agg_us_per_token_bits,
             kv_usage_bits: &self.agg_kv_usage_bits,
+            rho_bits: &self.agg_rho_bits,
+            pool_free: &self.agg_pool_free,
         }
         .price(fresh)
     }
@@ -73,6 +85,8 @@ impl Worker {
             backlog: &r.backlog,
             us_per_token_bits: &r.us_per_token_bits,
             kv_usage_bits: &r.token_usage_bits,
+            rho_bits: &r.rho_bits,
+            pool_free: &r.pool_free,
         }
         .price(fresh_at(r.received_ms(), signal, freshness_ms, now))
     }
@@ -98,13 +112,15 @@ struct Counters<'a> {
     backlog: &'a AtomicI64,
     us_per_token_bits: &'a AtomicU64,
     kv_usage_bits: &'a AtomicU64,
+    rho_bits: &'a AtomicU64,
+    pool_free: &'a AtomicU64,
 }
 
 impl Counters<'_> {
     #[inline]
     fn price(self, fresh: bool) -> Pricing {
         let inflight = self.inflight.load(Relaxed).max(0);
-        let (queued_tokens, engine_requests) = if fresh {
+        let (queued_tokens, engine_requests, utilisation, free_pool_tokens) = if fresh {
             // What this router dispatched since the snapshot, but never more than its requests
             // still open here: one that finished is not queued (with polled load, or a quiet
             // engine, a snapshot can be older than a whole short request).
@@ -121,9 +137,11 @@ impl Counters<'_> {
             (
                 Some(self.backlog.load(Relaxed).max(0) as u64 + since_tokens),
                 Some(inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))),
+                super::utilisation::rho_of_bits(self.rho_bits.load(Relaxed)),
+                Some(self.pool_free.load(Relaxed)).filter(|&f| f != super::ranks::POOL_UNKNOWN),
             )
         } else {
-            (None, None)
+            (None, None, None, None)
         };
         Pricing {
             queued_tokens,
@@ -131,6 +149,8 @@ impl Counters<'_> {
             kv_usage: f64::from_bits(self.kv_usage_bits.load(Relaxed)),
             inflight,
             engine_requests,
+            utilisation,
+            free_pool_tokens,
         }
     }
 }

@@ -134,3 +134,20 @@ fn min_ttft_over_ranks_follows_the_rank_that_holds_the_prefix_until_its_queue_co
     view.exclude(1);
     assert!((0..4).all(|i| !view.available(i)) && view.available(4));
 }
+
+#[test]
+fn what_a_pick_reads_of_a_rank_sits_in_its_first_two_cache_lines() {
+    use super::ranks::RankRouted;
+    use std::mem::offset_of;
+    let end = |at: usize| at + 8;
+    let routed = offset_of!(RankState, routed);
+    let hot = [
+        end(offset_of!(RankState, tokens)),
+        end(offset_of!(RankState, rho_bits)),
+        end(offset_of!(RankState, pool_free)),
+        end(routed + offset_of!(RankRouted, dispatched)),
+        end(routed + offset_of!(RankRouted, inflight_tokens)),
+    ];
+    assert!(hot.iter().all(|&e| e <= 128), "{hot:?}");
+    assert_eq!(std::mem::align_of::<RankState>(), 64);
+}

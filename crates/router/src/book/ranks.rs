@@ -16,8 +16,12 @@
 //! rare (once per rank in a worker's life), take a mutex so two writers cannot claim one slot.
 
 use super::prefill_rate::PrefillRate;
+use super::utilisation::{RHO_NONE_BITS, Utilisation};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// [`RankState::pool_free`] when the pool's size is not reported.
+pub const POOL_UNKNOWN: u64 = u64::MAX;
 
 /// One DP rank's latest report.
 ///
@@ -39,11 +43,17 @@ pub struct RankState {
     /// f64 bits of the measured µs per prefill token (the prior until measured): [`Self::prefill`]'s
     /// figure, copied here by each message so the pick reads it beside the rest.
     pub(super) us_per_token_bits: AtomicU64,
+    pub(super) tokens: AtomicI64,
+    /// f64 bits of the rank's utilisation ρ ([`u64::MAX`]: unknown): the meter's
+    /// figure, copied here by each message so the pick reads it beside the rest.
+    pub(super) rho_bits: AtomicU64,
+    /// KV pool tokens not in use (`max_total_num_tokens − num_used_tokens`; cached pages nobody
+    /// uses count as free), [`POOL_UNKNOWN`] when the rank reports no pool size.
+    pub(super) pool_free: AtomicU64,
     /// What this router routed to this rank by name (rank-routed candidates), as the worker's
     /// counters do for the whole worker: dispatches, their uncached tokens, the open requests and
     /// their tokens, and the rank's own counters when its last message arrived.
     pub(super) routed: RankRouted,
-    pub(super) tokens: AtomicI64,
     /// The worker's dispatch counter when that message arrived.
     pub(super) dispatch_mark: AtomicU64,
     /// The worker's dispatched-token counter when that message arrived.
@@ -58,6 +68,8 @@ pub struct RankState {
     pub pd_pending: AtomicI64,
     /// The rank's measured prefill speed.
     pub prefill: PrefillRate,
+    /// The rank's measured utilisation ([`super::utilisation`]).
+    pub utilisation: Utilisation,
 }
 
 /// This router's accounting of the requests it routed to one rank by name.
@@ -93,6 +105,19 @@ impl RankState {
         &self.routed
     }
 
+    /// The rank's utilisation ρ as last measured, whatever its age (`None`: not measured).
+    #[inline]
+    pub fn rho(&self) -> Option<f64> {
+        super::utilisation::rho_of_bits(self.rho_bits.load(Ordering::Relaxed))
+    }
+
+    /// KV pool tokens not in use as last reported, whatever its age (`None`: no pool size).
+    #[inline]
+    pub fn pool_free(&self) -> Option<u64> {
+        let v = self.pool_free.load(Ordering::Relaxed);
+        (v != POOL_UNKNOWN).then_some(v)
+    }
+
     /// ms since the book's epoch of the last message (0: never).
     #[inline]
     pub fn received_ms(&self) -> u64 {
@@ -117,6 +142,9 @@ impl RankState {
             token_usage_bits: AtomicU64::new(0),
             us_per_token_bits: AtomicU64::new(super::prefill_rate::PRIOR_US_PER_TOKEN.to_bits()),
             prefill: PrefillRate::default(),
+            rho_bits: AtomicU64::new(RHO_NONE_BITS),
+            pool_free: AtomicU64::new(POOL_UNKNOWN),
+            utilisation: Utilisation::default(),
             tokens_mark: AtomicU64::new(0),
             routed: RankRouted::default(),
         }

@@ -166,3 +166,94 @@ fn pricing_counts_dispatched_tokens_since_the_snapshot_and_the_measured_speed() 
     );
     drop(g);
 }
+
+#[test]
+fn utilisation_reaches_the_price_per_rank_and_whole_and_not_when_stale() {
+    use crate::policy::View;
+    let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+    let at = |busy_us: i64| LoadSnapshot {
+        total_prefill_busy_us: busy_us,
+        decode_moments: Some(vec![0.0; 6]),
+        max_running_requests: 64,
+        ..Default::default()
+    };
+    w.record_at(0, 0, &at(1_000_000), 1);
+    w.record_at(1, 0, &at(0), 1);
+    w.record_at(0, 1, &at(1_400_000), 1_001); // 40% of the second
+    let price = |now| w.pricing_at(LoadSignal::Backlog, 3000, now).utilisation;
+    assert_eq!(
+        price(1_001),
+        None,
+        "a rank not measured yet: the worker's ρ is unknown"
+    );
+    w.record_at(1, 1, &at(200_000), 1_001); // 20%
+    let close = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 1e-9);
+    assert!(
+        close(price(1_001), 0.3),
+        "the ranks' mean: {:?}",
+        price(1_001)
+    );
+    let rank = |r, now| {
+        w.rank_pricing_at(r, LoadSignal::Backlog, 3000, now)
+            .utilisation
+    };
+    assert!(close(rank(0, 1_001), 0.4) && close(rank(1, 1_001), 0.2));
+    assert_eq!((price(4_002), rank(0, 4_002)), (None, None), "stale");
+    assert_eq!(
+        w.pricing_at(LoadSignal::Inflight, 3000, 1_001).utilisation,
+        None,
+        "not priced on engine load"
+    );
+    assert!(close(w.utilisation(), 0.3), "shown whatever its age");
+    // Policies read it through the fleet's view, per rank and whole.
+    let workers = [w.clone()];
+    let list = [
+        crate::candidate::Candidate {
+            worker: 0,
+            rank: None,
+        },
+        crate::candidate::Candidate {
+            worker: 0,
+            rank: Some(1),
+        },
+    ];
+    let mut v = crate::fleet_view::FleetView::new(&workers, LoadSignal::Backlog, 3000)
+        .with_candidates(&list);
+    v.now_ms = 1_001;
+    assert!(close(v.utilisation(0), 0.3) && close(v.price(1).utilisation, 0.2));
+    v.now_ms = 4_002;
+    assert_eq!((v.utilisation(0), v.price(1).utilisation), (None, None));
+}
+
+#[test]
+fn the_free_pool_reaches_the_price_fullest_rank_for_a_worker_and_not_when_stale() {
+    let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+    let pool = |cap: i64, used: i64| LoadSnapshot {
+        max_total_num_tokens: cap,
+        num_used_tokens: used,
+        ..Default::default()
+    };
+    w.record_at(0, 0, &pool(100_000, 30_000), 1);
+    w.record_at(1, 0, &pool(0, 30_000), 1); // no pool size reported
+    let free = |now| {
+        w.pricing_at(LoadSignal::Backlog, 3000, now)
+            .free_pool_tokens
+    };
+    let rank = |r, now| {
+        w.rank_pricing_at(r, LoadSignal::Backlog, 3000, now)
+            .free_pool_tokens
+    };
+    assert_eq!(
+        (free(2), rank(0, 2), rank(1, 2)),
+        (None, Some(70_000), None)
+    );
+    w.record_at(1, 1, &pool(100_000, 90_000), 2);
+    assert_eq!(
+        (free(2), rank(1, 2)),
+        (Some(10_000), Some(10_000)),
+        "the fullest rank"
+    );
+    w.record_at(1, 2, &pool(100_000, 120_000), 3); // more used than the pool: none free
+    assert_eq!(rank(1, 3), Some(0));
+    assert_eq!((free(3_005), rank(0, 3_005)), (None, None), "stale");
+}

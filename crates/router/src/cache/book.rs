@@ -150,22 +150,27 @@ impl CacheBook {
     /// For each candidate: whether it is indexed (it has a KV-event stream whose view is
     /// complete, a block size the router can hash at, and is not over its quota; a whole worker: every rank of it), and (into
     /// `blocks` and `block_sizes`, resized) the blocks it holds (a whole worker: its fullest rank)
-    /// and its worker's advertised block size (0 without a stream).
+    /// and its worker's advertised block size (0 without a stream), and into `regret` its eviction
+    /// regret ([`super::regret`]; a whole worker: its most regretful rank; 0 without a stream).
     pub fn stream_blocks(
         &self,
         targets: Candidates<'_>,
         blocks: &mut Vec<u64>,
         block_sizes: &mut Vec<u64>,
+        regret: &mut Vec<f32>,
     ) -> Vec<bool> {
         blocks.clear();
         blocks.resize(targets.len(), 0);
         block_sizes.clear();
         block_sizes.resize(targets.len(), 0);
+        regret.clear();
+        regret.resize(targets.len(), 0.0);
         let g = self.read();
         targets
             .iter()
             .zip(blocks.iter_mut().zip(block_sizes.iter_mut()))
-            .map(|(c, (b, size))| {
+            .zip(regret.iter_mut())
+            .map(|((c, (b, size)), rg)| {
                 let w = &targets.workers()[c.worker as usize];
                 let Some(e) = g.workers.get(&key(w)) else {
                     return false;
@@ -175,6 +180,7 @@ impl CacheBook {
                 for r in e.of(c.rank) {
                     let st = g.index.slot_stats(r.slot);
                     *b = (*b).max(st.blocks);
+                    *rg = rg.max(g.index.regret(r.slot) as f32);
                     // Only a complete view answers alone (see `View`).
                     indexed &= !st.over_quota && !st.needs_resync && r.stats.view().is_complete();
                 }

@@ -124,3 +124,60 @@ fn resync_clears_and_may_mark_stale() {
         1
     );
 }
+
+#[test]
+fn eviction_regret_reaches_the_lookup_and_the_view_per_rank_and_whole() {
+    use crate::policy::View;
+    let book = CacheBook::new(100);
+    let (a, b) = (worker("http://a:1"), worker("http://b:1"));
+    let sa = book.register(&a, 4, 2);
+    book.register(&b, 4, 1);
+    let removed = |h: &[i64]| {
+        KvEvent::Removed(BlockRemoved {
+            block_hashes: h.to_vec(),
+            medium: None,
+        })
+    };
+    // Rank 1 of a evicts block 2 and stores it again: every eviction of its pool regretted.
+    book.apply(sa[0].0, &batch(vec![stored(&[1, 2]), removed(&[2])]));
+    book.apply(sa[1].0, &batch(vec![stored(&[1, 2]), removed(&[2])]));
+    book.apply(sa[1].0, &batch(vec![stored(&[1, 2])]));
+    let ws = [a.clone(), b.clone()];
+    let ranked = [
+        Candidate {
+            worker: 0,
+            rank: Some(0),
+        },
+        Candidate {
+            worker: 0,
+            rank: Some(1),
+        },
+        Candidate {
+            worker: 0,
+            rank: None,
+        },
+        Candidate {
+            worker: 1,
+            rank: None,
+        },
+    ];
+    let settings = crate::cache::PrefixSettings {
+        page_size: 4,
+        ..Default::default()
+    };
+    let body = br#"{"prompt": "some prompt text"}"#;
+    let targets = Candidates::listed(&ws, &ranked);
+    let l = book
+        .lookup(&settings, "/v1/completions", body, targets, 1)
+        .expect("a prompt");
+    assert_eq!(
+        l.regret,
+        [0.0, 1.0, 1.0, 0.0],
+        "a whole worker: its most regretful rank"
+    );
+    let view = crate::fleet_view::FleetView::new(&ws, crate::book::LoadSignal::Backlog, 3000)
+        .with_candidates(&ranked)
+        .with_lookup(&l);
+    let seen: Vec<f64> = (0..4).map(|i| view.eviction_regret(i)).collect();
+    assert_eq!(seen, [0.0, 1.0, 1.0, 0.0]);
+}

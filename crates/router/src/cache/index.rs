@@ -37,11 +37,14 @@
 //!   fill the index for everyone: a slot that would pass it is cleared and stops being indexed
 //!   ([`SlotStats::over_quota`]) until it is released. It is not refilled and cleared again on
 //!   every batch: that would be a resync loop costing O(quota) per batch.
+//! * **Regret** ([`super::regret`]): per slot, the share of device evictions stored again within
+//!   one pool turnover ([`KvIndex::regret`]); reset when the slot is cleared.
 //!
 //! Pure: no I/O, no clock. The cache book assigns slots, feeds decoded batches and runs the
 //! unlinking between lock acquisitions.
 
 use super::id_hash::{IdMap, IdSet};
+use super::regret::Regret;
 use super::tier::{SlotTiers, Tier, TierMatch};
 use loadlink_wire::kv_events::KvEvent;
 use smallvec::SmallVec;
@@ -96,6 +99,8 @@ pub struct KvIndex {
     held: Vec<BlockSet>,
     /// Per slot, which held blocks have a host copy and which are off the device.
     tiers: Vec<SlotTiers>,
+    /// Per slot, its eviction regret.
+    regret: Vec<Regret>,
     /// Held blocks off the device, over all slots: 0 in a fleet without a host tier, which then
     /// skips the device pass of a lookup.
     off_device: usize,
@@ -116,6 +121,7 @@ impl KvIndex {
             slots: Vec::new(),
             held: Vec::new(),
             tiers: Vec::new(),
+            regret: Vec::new(),
             off_device: 0,
             max_blocks,
             quota: usize::MAX,
@@ -166,6 +172,7 @@ impl KvIndex {
             self.slots.resize(i + 1, SlotStats::default());
             self.held.resize_with(i + 1, BlockSet::default);
             self.tiers.resize_with(i + 1, SlotTiers::default);
+            self.regret.resize_with(i + 1, Regret::default);
         }
         &mut self.slots[i]
     }
@@ -223,7 +230,10 @@ impl KvIndex {
         if self.held[i].contains(&hash) {
             let t = &mut self.tiers[i];
             match tier {
-                Tier::Device if t.clear_off_device(hash) => self.off_device -= 1,
+                Tier::Device if t.clear_off_device(hash) => {
+                    self.off_device -= 1;
+                    self.regret[i].stored(hash); // loaded back onto the device
+                }
                 Tier::Device => {}
                 Tier::Host => {
                     t.host.entry(hash).or_insert(parent);
@@ -253,6 +263,9 @@ impl KvIndex {
             self.tiers[i].host.insert(hash, parent);
             self.tiers[i].set_off_device(hash);
             self.off_device += 1;
+        } else {
+            self.regret[i].stored(hash);
+            self.regret[i].held(self.held[i].len() - self.tiers[i].off_device.len());
         }
         self.stats_mut(slot).blocks += 1;
         true
@@ -277,6 +290,7 @@ impl KvIndex {
                 }
                 self.tiers[i].set_off_device(hash);
                 self.off_device += 1;
+                self.regret[i].removed(hash); // off the device pool, kept on the host
                 return;
             }
             Tier::Device => true,
@@ -297,6 +311,9 @@ impl KvIndex {
         };
         if !gone {
             return;
+        }
+        if tier == Tier::Device {
+            self.regret[i].removed(hash);
         }
         self.held[i].remove(&hash);
         unlink(&mut self.blocks, slot, hash);
@@ -328,6 +345,7 @@ impl KvIndex {
         // free each.
         let tiers = std::mem::take(&mut self.tiers[slot as usize]);
         self.off_device -= tiers.off_device.len();
+        self.regret[slot as usize] = Regret::default();
         if !set.is_empty() {
             self.detached.push_back(DetachedBlocks {
                 slot,
@@ -424,6 +442,17 @@ impl KvIndex {
     /// Held blocks on a host tier only, over all slots.
     pub fn off_device_blocks(&self) -> usize {
         self.off_device
+    }
+
+    /// `slot`'s eviction regret, 0–1 ([`super::regret`]; 0 for a slot never seen).
+    #[inline]
+    pub fn regret(&self, slot: Slot) -> f64 {
+        self.regret.get(slot as usize).map_or(0.0, Regret::regret)
+    }
+
+    /// `slot`'s regret tracker (its bound and what it remembers, for tests and reports).
+    pub fn regret_tracker(&self, slot: Slot) -> Option<&Regret> {
+        self.regret.get(slot as usize)
     }
 
     /// The bound on distinct blocks.

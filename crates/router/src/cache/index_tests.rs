@@ -1,6 +1,7 @@
 //! Unit tests of [`super::KvIndex`] (the nesting property test is `tests/kv_index_nesting.rs`).
 
 use super::*;
+use crate::cache::regret::Regret;
 use loadlink_wire::kv_events::{BlockRemoved, BlockStored};
 
 fn stored(hashes: &[i64]) -> KvEvent {
@@ -217,4 +218,67 @@ fn a_device_removal_after_a_resync_infers_the_host_copy_its_host_children_prove(
     ix.apply(1, &off("GPU", &[8]));
     assert_eq!(ix.slot_stats(1).blocks, 1);
     assert!(!ix.slot_stats(1).unnested);
+}
+
+#[test]
+fn an_evicted_block_stored_again_is_a_regretted_eviction_and_unique_stores_are_not() {
+    let mut ix = KvIndex::new(1000);
+    ix.apply(0, &stored(&[1, 2, 3, 4]));
+    assert_eq!(ix.regret(0), 0.0, "no eviction yet");
+    ix.apply(0, &removed(&[4]));
+    ix.apply(0, &chained(Some(3), &[5])); // a new block where 4 was: nobody regrets 4 yet
+    assert_eq!(ix.regret(0), 0.0);
+    ix.apply(0, &chained(Some(3), &[4])); // 4 is back: its eviction cost a recompute
+    assert_eq!(ix.regret(0), 1.0);
+    ix.apply(0, &removed(&[4]));
+    // Both counts decay by 1 − 1/bound per eviction; bound: the 5 blocks held at the peak.
+    let keep = 1.0 - 1.0 / 5.0;
+    assert_eq!(ix.regret_tracker(0).map(Regret::bound), Some(5));
+    assert!(
+        (ix.regret(0) - keep / (keep + 1.0)).abs() < 1e-12,
+        "{}",
+        ix.regret(0)
+    );
+    ix.apply(0, &chained(Some(3), &[4]));
+    ix.apply(0, &chained(Some(3), &[4])); // held already: not a second restore
+    assert!((ix.regret(0) - 1.0).abs() < 1e-12, "{}", ix.regret(0));
+    // Slot 1 only ever evicts what nobody stores again.
+    ix.apply(1, &stored(&[10, 11]));
+    for h in 12..40 {
+        ix.apply(1, &removed(&[h - 1]));
+        ix.apply(1, &chained(Some(10), &[h]));
+    }
+    assert_eq!(
+        (ix.regret(1), ix.regret(2)),
+        (0.0, 0.0),
+        "unique, and never seen"
+    );
+}
+
+#[test]
+fn regret_remembers_one_pool_turnover_and_a_cleared_slot_starts_again() {
+    let mut ix = KvIndex::new(1000);
+    ix.apply(0, &stored(&[1, 2, 3, 4])); // peak: 4 blocks
+    ix.apply(0, &removed(&[4, 3, 2, 1]));
+    ix.apply(0, &stored(&[5]));
+    ix.apply(0, &removed(&[5])); // the fifth eviction pushes the first (4) out
+    let t = ix.regret_tracker(0).unwrap();
+    assert_eq!((t.bound(), t.remembered()), (4, 4));
+    ix.apply(0, &stored(&[1, 2, 3, 4])); // 1, 2, 3 within the turnover; 4 beyond it
+    let keep: f64 = 0.75;
+    let evicted: f64 = (0..5).map(|k| keep.powi(k)).sum();
+    assert!(
+        (ix.regret(0) - 3.0 / evicted).abs() < 1e-12,
+        "{}",
+        ix.regret(0)
+    );
+    // Removals of blocks the slot does not hold are not evictions of its pool.
+    ix.apply(0, &removed(&[77]));
+    assert!((ix.regret(0) - 3.0 / evicted).abs() < 1e-12);
+    ix.apply(0, &removed(&[4]));
+    ix.apply(0, &KvEvent::AllCleared);
+    let t = ix.regret_tracker(0).unwrap();
+    assert_eq!((ix.regret(0), t.bound(), t.remembered()), (0.0, 0, 0));
+    ix.apply(0, &stored(&[1, 2, 3, 4])); // 4 was evicted before the clear: forgotten
+    assert_eq!(ix.regret(0), 0.0);
 }

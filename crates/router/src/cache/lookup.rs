@@ -74,7 +74,7 @@ pub struct PrefixSettings {
 }
 
 /// One request's cached prefix on every candidate (same order as its candidates).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Lookup {
     pub prompt: PromptChain,
     /// Tokens of this prompt cached on each candidate, on any tier.
@@ -84,6 +84,9 @@ pub struct Lookup {
     pub host_cached: Vec<u64>,
     /// Tokens each candidate's cache holds in all (for `cache_aware`'s smallest-cache choice).
     pub sizes: Vec<u64>,
+    /// Each candidate's eviction regret, 0–1, from its KV-event streams ([`super::regret`]; 0
+    /// for a worker without one).
+    pub regret: Vec<f32>,
     /// Whether each candidate was priced from the approximate tree (and so records dispatches).
     approx: Vec<bool>,
     /// Sizes come from the tree for every worker (so every dispatch is recorded).
@@ -125,13 +128,14 @@ impl CacheBook {
             cached: vec![0; n],
             host_cached: vec![0; n],
             sizes: vec![0; n],
+            regret: Vec::with_capacity(n),
             approx: vec![false; n],
             sent_sizes: settings.sizes_from_sent,
             tree_page: page,
             prompt,
         };
         let mut block_sizes = Vec::with_capacity(n);
-        let indexed = self.stream_blocks(targets, &mut l.sizes, &mut block_sizes);
+        let indexed = self.stream_blocks(targets, &mut l.sizes, &mut block_sizes, &mut l.regret);
         for (i, s) in l.sizes.iter_mut().enumerate() {
             // A size the router does not match says nothing it can use: the tree sizes that worker.
             *s = match unmatched_reason(block_sizes[i]) {

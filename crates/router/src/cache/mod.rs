@@ -31,6 +31,7 @@ pub mod index;
 pub mod lookup;
 mod prefix_match;
 mod py_json;
+pub mod regret;
 mod report;
 pub mod request;
 pub mod stream;

@@ -77,9 +77,11 @@ impl CacheBook {
         let (mut last, mut over, mut per_rank) = (Vec::new(), Vec::new(), Vec::new());
         let (mut views, mut epochs, mut snapshots) = (Vec::new(), Vec::new(), 0);
         let (mut device, mut host, mut orphaned) = (Vec::new(), Vec::new(), 0);
+        let mut regret = Vec::new();
         for r in &e.ranks {
             let (st, s) = (g.index.slot_stats(r.slot), &r.stats);
             per_rank.push(st.blocks);
+            regret.push(g.index.regret(r.slot));
             device.push(st.device_blocks);
             host.push(st.host_blocks);
             orphaned += st.orphaned_blocks;
@@ -114,6 +116,8 @@ impl CacheBook {
             "rank_quota": quota, "over_quota_ranks": over, "not_indexed_reason": reason,
             "views": views, "epochs": epochs, "snapshots": snapshots,
             "rank_tier_blocks": { "device": device, "host": host }, "orphaned_blocks": orphaned,
+            "eviction_regret": regret.iter().copied().fold(0.0, f64::max),
+            "rank_eviction_regret": regret,
         });
         (v, None)
     }
@@ -284,7 +288,8 @@ impl CacheBook {
                 }
                 rows.push((&w.url, blocks, stale));
                 for r in &entry.ranks {
-                    ranks.push((&w.url, r.stats.rank, g.index.slot_stats(r.slot).blocks));
+                    let st = g.index.slot_stats(r.slot);
+                    ranks.push((&w.url, r.stats.rank, st.blocks, g.index.regret(r.slot)));
                 }
             }
         }
@@ -294,7 +299,7 @@ impl CacheBook {
             MetricType::Gauge,
             "Blocks the index holds for one DP rank of a worker",
         );
-        for (url, rank, blocks) in &ranks {
+        for (url, rank, blocks, _) in &ranks {
             f.sample(
                 &RankLabels {
                     worker: url,
@@ -302,6 +307,18 @@ impl CacheBook {
                 },
                 *blocks,
             );
+        }
+        let mut f = e.family(
+            "loadlink_rank_eviction_regret",
+            MetricType::Gauge,
+            "Share of the rank's device evictions stored again within one pool turnover (KV events)",
+        );
+        for (url, rank, _, regret) in &ranks {
+            let labels = RankLabels {
+                worker: url,
+                rank: *rank,
+            };
+            f.sample(&labels, loadlink_wire::prom::Number::Float(*regret));
         }
         let mut f = e.family(
             "loadlink_worker_kv_blocks",

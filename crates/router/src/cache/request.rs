@@ -92,6 +92,11 @@ impl PromptChain {
     }
 
     /// The chain at `block_size` tokens per page, hashed on first use (a size of 0 has none).
+    /// A chain already hashed and its block size (the first one hashed), if any.
+    pub fn any_chain(&self) -> Option<(u64, &[i64])> {
+        self.chains.first().map(|(b, c)| (*b, c.as_slice()))
+    }
+
     pub fn chain(&mut self, block_size: u64) -> &[i64] {
         let at = match self.chains.iter().position(|(b, _)| *b == block_size) {
             Some(i) => i,

@@ -81,6 +81,8 @@ mod tests {
                 s_per_token: 0.0,
                 kv_usage: kv,
                 inflight: f,
+                utilisation: None,
+                free_pool_tokens: None,
             }
         }
         fn pending_transfers(&self, i: usize) -> Option<i64> {

@@ -33,12 +33,24 @@
 //! share of that pool's evictions that were needed again ([`View::eviction_regret`]) will be
 //! recomputed later, which is work at the same price: `(1 + M) · evicted · regret · s`.
 //!
+//! **Home.** The part of the prompt nobody caches yet is where the session's (or the group's) next
+//! requests will want it. Near saturation those often arrive before this one is prefilled and
+//! indexed, through other replicas that see no holder yet, and a replica that sends each to the
+//! least busy worker scatters one session over the fleet, each copy recomputing its history (the
+//! same collapse, started from a cold cache or a burst instead of a brief imbalance). So the
+//! replicas agree on a home without talking: of the candidates holding the deepest prefix, the
+//! one with the highest hash of (the prompt's first uncached page, the worker's URL and rank), a
+//! rendezvous hash that every replica computes alike and that is the same for every request
+//! extending the same prefix. Anywhere else, that uncached part is priced as moved work too: an
+//! upper bound on the duplicate (it assumes the next request comes before this one is indexed),
+//! negligible at low load, where `M` is. Where the holder is unique, it is the home.
+//!
 //! **Hysteresis.** Among the candidates within the tie band, the ones holding the deepest prefix
 //! are preferred: a session (or a prefix group) moves only when the move gains more than the band
 //! and the recompute it causes, so placements do not flap between near-equal prices. The router
 //! keeps no session table: the holder of a request's deepest cached prefix stands for its session.
 
-use super::View;
+use super::{View, mix};
 
 /// Utilisation above which the externality is no longer growing: a queue at 99% is saturated
 /// whatever the estimate's noise says (and `M` stays finite).
@@ -58,6 +70,10 @@ pub struct FleetCtx {
     pub max_cached: u64,
     /// The fleet's utilisation: the mean of the known ρ, weighted by prefill speed (capacity).
     pub rho_bar: Option<f64>,
+    /// Where the part of the prompt nobody caches belongs: of the candidates holding the deepest
+    /// prefix, the one every replica picks for this prompt (rendezvous hashing of its first
+    /// uncached page); `None` when the request's pages are unknown.
+    pub home: Option<usize>,
 }
 
 impl FleetCtx {
@@ -65,6 +81,7 @@ impl FleetCtx {
     pub const NONE: FleetCtx = FleetCtx {
         max_cached: 0,
         rho_bar: None,
+        home: None,
     };
 
     /// One pass over the available candidates.
@@ -82,9 +99,15 @@ impl FleetCtx {
                 den += w;
             }
         }
+        let home = view.prefix_key(max_cached).and_then(|key| {
+            let holders = (0..view.len())
+                .filter(|&i| view.available(i) && view.cached_tokens(i) >= max_cached);
+            holders.max_by_key(|&i| mix(key ^ view.worker_key(i)))
+        });
         FleetCtx {
             max_cached,
             rho_bar: (den > 0.0).then(|| num / den),
+            home,
         }
     }
 
@@ -103,14 +126,24 @@ impl FleetCtx {
             return 0.0;
         };
         let m = externality(rho.max(rho_bar));
-        let moved = self.max_cached.min(prompt).saturating_sub(cached);
-        let mut work = moved as f64;
+        let deepest = self.max_cached.min(prompt);
+        let moved = deepest.saturating_sub(cached);
+        // Away from home, the part nobody caches yet is made where the session's next requests
+        // (placed by other replicas, before this one is indexed) will not look for it.
+        let strayed = match self.home {
+            Some(h) if h != i => prompt - deepest,
+            _ => 0,
+        };
+        let mut work = (moved + strayed) as f64;
         let regret = view.eviction_regret(i);
-        if regret > 0.0 {
-            if let Some(free) = view.free_pool_tokens(i) {
-                let evicted = (prompt - cached.min(prompt)).saturating_sub(free);
-                work += evicted as f64 * regret.min(1.0) * (1.0 + 1.0 / m.max(1e-9));
-            }
+        // The pool counts cached pages nobody uses as free; what a copy can fill without evicting
+        // is what the index does not hold of it (low by the cached pages running requests pin).
+        let room = view
+            .free_pool_tokens(i)
+            .map(|free| free.saturating_sub(view.cache_size(i)));
+        if let (true, Some(room)) = (regret > 0.0, room) {
+            let evicted = (prompt - cached.min(prompt)).saturating_sub(room);
+            work += evicted as f64 * regret.min(1.0) * (1.0 + 1.0 / m.max(1e-9));
         }
         m * work * s_tok
     }

@@ -29,6 +29,9 @@ const S_TOK: f64 = 1e-4;
 struct Fleet {
     prompt: u64,
     w: Vec<F>,
+    /// The request's first uncached page's key, and each worker's replica-independent key.
+    page_key: Option<u64>,
+    keys: Vec<u64>,
 }
 
 impl View for Fleet {
@@ -65,6 +68,21 @@ impl View for Fleet {
     fn eviction_regret(&self, i: usize) -> f64 {
         self.w[i].regret
     }
+    fn prefix_key(&self, _tokens: u64) -> Option<u64> {
+        self.page_key
+    }
+    fn worker_key(&self, i: usize) -> u64 {
+        self.keys.get(i).copied().unwrap_or(i as u64)
+    }
+}
+
+fn fleet(prompt: u64, w: Vec<F>) -> Fleet {
+    Fleet {
+        prompt,
+        w,
+        page_key: None,
+        keys: Vec::new(),
+    }
 }
 
 fn aware() -> MinTtft {
@@ -95,6 +113,8 @@ fn session(rho: f64, busier_s: f64) -> Fleet {
                 ..W
             },
         ],
+        page_key: None,
+        keys: Vec::new(),
     }
 }
 
@@ -175,6 +195,8 @@ fn regretted_evictions_tip_a_tie_to_the_worker_with_room() {
                 ..W
             },
         ],
+        page_key: None,
+        keys: Vec::new(),
     };
     assert!((0..200).all(|e| aware().pick(&f, e) == Some(1)));
     assert!((0..200).any(|e| blind().pick(&f, e) == Some(0)));
@@ -200,8 +222,48 @@ fn without_hits_or_without_utilisation_the_picks_are_todays() {
                 regret: next(100) as f64 / 100.0,
             })
             .collect();
-        let f = Fleet { prompt: 3_000, w };
+        let mut f = fleet(3_000, w);
+        f.page_key = Some(next(u64::MAX));
         let e = next(u64::MAX);
         assert_eq!(aware().pick(&f, e), blind().pick(&f, e));
     }
+}
+
+#[test]
+fn replicas_agree_on_a_home_for_what_nobody_caches_near_saturation() {
+    // Four workers all hold a 2,000-token system prompt; the session's 5,000 tokens of history
+    // are cached nowhere yet. The least busy worker differs by 0.3 s.
+    let w = |q: f64| F {
+        queued_s: q,
+        cached: 2_000,
+        rho: Some(0.9),
+        ..W
+    };
+    let mut f = fleet(7_000, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
+    f.keys = vec![11, 22, 33, 44];
+    let homes: std::collections::HashSet<usize> = (0..64u64)
+        .map(|session| {
+            f.page_key = Some(mix(session));
+            let picks: std::collections::HashSet<_> =
+                (0..50).map(|e| aware().pick(&f, e).unwrap()).collect();
+            assert_eq!(
+                picks.len(),
+                1,
+                "every replica picks one home for session {session}"
+            );
+            *picks.iter().next().unwrap()
+        })
+        .collect();
+    assert_eq!(homes.len(), 4, "sessions spread over the homes: {homes:?}");
+    // The home follows the workers, not their order in the list.
+    f.page_key = Some(mix(7));
+    let home = f.keys[aware().pick(&f, 0).unwrap()];
+    f.w.reverse();
+    f.keys.reverse();
+    assert_eq!(f.keys[aware().pick(&f, 0).unwrap()], home);
+    // At low load the least busy worker wins: the term is as small as ρ.
+    f.w.iter_mut().for_each(|x| x.rho = Some(0.05));
+    f.w.iter_mut().for_each(|x| x.queued_s = 0.3);
+    f.w[2].queued_s = 0.0;
+    assert!((0..50).all(|e| aware().pick(&f, e) == Some(2)));
 }

@@ -102,6 +102,15 @@ pub trait View {
     fn free_pool_tokens(&self, _i: usize) -> Option<u64> {
         None
     }
+    /// A key of the request's prefix up to the page holding token `tokens` (its chained page
+    /// hash), the same in every router replica; `None` when unknown or beyond the prompt.
+    fn prefix_key(&self, _tokens: u64) -> Option<u64> {
+        None
+    }
+    /// A key of candidate i that every router replica computes alike (its URL and rank).
+    fn worker_key(&self, i: usize) -> u64 {
+        i as u64
+    }
     /// Share, 0–1, of what worker i's cache evicted that was stored again within one pool
     /// turnover (regretted evictions); 0 when unknown.
     fn eviction_regret(&self, _i: usize) -> f64 {
@@ -117,6 +126,8 @@ pub trait View {
             s_per_token: self.prefill_s_per_token(i),
             kv_usage: self.kv_usage(i),
             inflight: self.inflight(i),
+            utilisation: self.utilisation(i),
+            free_pool_tokens: self.free_pool_tokens(i),
         }
     }
 }
@@ -134,6 +145,10 @@ pub struct Price {
     pub kv_usage: f64,
     /// [`View::inflight`].
     pub inflight: i64,
+    /// [`View::utilisation`].
+    pub utilisation: Option<f64>,
+    /// [`View::free_pool_tokens`].
+    pub free_pool_tokens: Option<u64>,
 }
 
 /// A routing policy and its parameters (`Copy`: it travels in the router's config).

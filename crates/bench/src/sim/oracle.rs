@@ -1,0 +1,215 @@
+//! The bound: a family of oracle routers (simulation only), each with perfect knowledge of every
+//! engine's scheduler, and the best of them per metric is what no production policy should beat.
+//!
+//! Why a family and not one oracle: the greedy one ([`clairvoyant`], soonest first token for this
+//! request) is the best choice per request and can be a bad one for the fleet. Near saturation a
+//! session whose holder is briefly busier moves, recomputes its whole history elsewhere, and that
+//! recompute takes capacity from everyone, so more sessions move; greedy collapses there and a
+//! production policy that keeps locality beats it. No single rule is best on every workload and
+//! load, so the bound runs several and takes, per metric, the best ([`ORACLES`]).
+//!
+//! * [`Oracle::Greedy`]: the clairvoyant router, unchanged.
+//! * [`Oracle::Sticky`]: locality first. The **holder** is the engine that has, or will have once
+//!   the requests it holds finish, the longest prefix of the prompt cached
+//!   ([`SimEngine::will_match`]: exact, from the engine's own cache and queues). A request leaves
+//!   its holder h for engine o only when o's exact first token beats h's by more than κ × the
+//!   exact seconds o spends recomputing what h has and o has not:
+//!   `ttft_o + κ·(m_h − m_o)·s_o < ttft_h` (m: matched tokens, s_o: o's prefill µs per token);
+//!   among the engines that qualify it takes the lowest `ttft_o + κ·(m_h − m_o)·s_o`. κ = 1 moves
+//!   only when the request itself gains more than the recompute; κ = 4 charges the recompute as
+//!   the queueing it inflicts on others near saturation; κ = ∞ never leaves a holder. Without a
+//!   holder (nothing of the prompt anywhere) it is greedy. Tied holders: the soonest of them.
+//!
+//! * [`Oracle::Lookahead`]: where greedy's engine g and the holder h differ, it rolls the fleet
+//!   forward both ways over the window the decision weighs on — the time h's queue takes to serve
+//!   the request (its exact TTFT there, the longer of the two), at most
+//!   [`lookahead::MAX_WINDOW_S`] — with the window's known arrivals, and keeps the choice whose
+//!   window costs less ([`lookahead`]: summed TTFT plus the queue debt left at its end). Elsewhere
+//!   it is greedy (which then is a holder, or there is none).
+//!
+//! Forks are bounded as in [`clairvoyant`]: an engine whose recompute charge alone reaches the
+//! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
+//! at most what Greedy does and Sticky(∞) forks only when there is no single holder.
+
+use super::clairvoyant::{self, Hashed, first_token_within, soonest};
+use super::engine::SimEngine;
+use super::lookahead::{self, Window};
+use super::{DirectTarget, Sim, SimRouter};
+use loadlink_engine::model::{ModelConfig, Submit};
+use loadlink_engine::radix::PageChain;
+use loadlink_router::policy::mix;
+
+/// One oracle router of the family (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Oracle {
+    /// The soonest first token for each request ([`SimRouter::Clairvoyant`]).
+    Greedy,
+    /// The holder of the prompt's longest (will-be-)cached prefix, unless another engine's first
+    /// token beats it by more than `kappa` × the recompute the move causes (`f64::INFINITY`:
+    /// never leave a holder).
+    Sticky { kappa: f64 },
+    /// Greedy, except where greedy's engine is not the holder: then the better of the two by a
+    /// rollout of the fleet over the window with its known arrivals ([`lookahead`]).
+    Lookahead,
+}
+
+/// The family the bound is the per-metric best of, with the labels sweeps print.
+pub const ORACLES: [(&str, SimRouter); 5] = [
+    ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
+    (
+        "oracle sticky k=1",
+        SimRouter::Oracle(Oracle::Sticky { kappa: 1.0 }),
+    ),
+    (
+        "oracle sticky k=4",
+        SimRouter::Oracle(Oracle::Sticky { kappa: 4.0 }),
+    ),
+    (
+        "oracle sticky k=inf",
+        SimRouter::Oracle(Oracle::Sticky {
+            kappa: f64::INFINITY,
+        }),
+    ),
+    ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
+];
+
+/// Per arrival, its prompt's page chain at the fleet's first page size, hashed once when a
+/// lookahead window first needs it (empty: a prompt known only by its length).
+#[derive(Default)]
+pub(crate) struct ChainMemo(Vec<Option<PageChain>>);
+
+impl Sim<'_> {
+    /// The unit `oracle` sends routed request `i` to at `t`.
+    pub(super) fn oracle_pick(
+        &mut self,
+        oracle: Oracle,
+        i: usize,
+        submit: &Submit,
+        t: f64,
+    ) -> usize {
+        self.out.decisions += 1;
+        let p = Hashed::new(submit, &self.engines);
+        if oracle != Oracle::Lookahead {
+            return pick(oracle, &self.engines, &p, t);
+        }
+        let Some((h, th, g)) = holder_or_sooner(&self.engines, &p, t, 0.0) else {
+            return clairvoyant::pick(&self.engines, &p, t);
+        };
+        let Some(g) = g else {
+            return h; // greedy's engine is a holder
+        };
+        let window_s = th.min(lookahead::MAX_WINDOW_S);
+        let later = self.arrivals[i + 1..].iter();
+        let end = later.take_while(|a| a.t <= t + window_s).count();
+        let arrivals = &self.arrivals[i + 1..i + 1 + end];
+        let page = self.engines.first().map_or(16, |e| e.model().page_size);
+        let memo = &mut self.chains.0;
+        memo.resize(memo.len().max(self.arrivals.len()), None);
+        for (k, a) in arrivals.iter().enumerate() {
+            memo[i + 1 + k].get_or_insert_with(|| match a.prompt.as_deref() {
+                Some(tokens) if !tokens.is_empty() => {
+                    PageChain::of(&tokens[..tokens.len() - 1], page)
+                }
+                _ => PageChain::default(),
+            });
+        }
+        let chains: Vec<&PageChain> = (memo[i + 1..i + 1 + end].iter())
+            .map(|c| c.as_ref().expect("filled above"))
+            .collect();
+        let (layout, direct) = (self.layout, self.cfg.direct);
+        let direct_unit = |j: usize| match direct {
+            DirectTarget::Pinned => 0,
+            DirectTarget::Uniform => layout.unit(
+                (mix(j as u64 ^ 0xd1ec7) % layout.engines as u64) as usize,
+                0,
+            ),
+        };
+        let w = Window {
+            arrivals,
+            first_index: i + 1,
+            page,
+            chains: &chains,
+            direct_unit: &direct_unit,
+        };
+        let score = |u| lookahead::score(&self.engines, &p, u, t, window_s, &w);
+        if score(g) < score(h) { g } else { h }
+    }
+}
+
+/// The engine (scheduler unit) `oracle` sends `submit` to at `now`.
+pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f64) -> usize {
+    match oracle {
+        Oracle::Greedy => clairvoyant::pick(engines, p, now),
+        Oracle::Sticky { kappa } => sticky(engines, p, now, kappa),
+        // Without the future arrivals (a caller outside the simulation): greedy.
+        Oracle::Lookahead => clairvoyant::pick(engines, p, now),
+    }
+}
+
+/// Per engine, the prompt tokens it has or will have cached ([`SimEngine::will_match`]); all 0
+/// for a prompt known only by its length.
+pub(crate) fn matches(engines: &[SimEngine], p: &Hashed<'_>) -> Vec<u64> {
+    let chain = |e: &SimEngine| p.chain(e.model().page_size);
+    (engines.iter())
+        .map(|e| chain(e).map_or(0, |c| e.will_match(c)))
+        .collect()
+}
+
+/// Seconds engine `e` spends prefilling `tokens` tokens.
+pub(crate) fn recompute_s(e: &SimEngine, tokens: u64) -> f64 {
+    recompute_s_of(e.model(), tokens)
+}
+
+/// Seconds an engine of `model` spends prefilling `tokens` tokens.
+pub(crate) fn recompute_s_of(model: &ModelConfig, tokens: u64) -> f64 {
+    tokens as f64 * model.timing.per_prefill_token_us * 1e-6
+}
+
+/// The holder h (the soonest of the engines with the deepest will-be-cached prefix), its exact
+/// TTFT, and the engine o minimising `ttft_o + kappa × recompute_o` if that beats h's TTFT
+/// (`None`: h stays best). `None` when no engine holds any of the prompt.
+fn holder_or_sooner(
+    engines: &[SimEngine],
+    p: &Hashed<'_>,
+    now: f64,
+    kappa: f64,
+) -> Option<(usize, f64, Option<usize>)> {
+    let m = matches(engines, p);
+    let top = m.iter().copied().max().filter(|&t| t > 0)?;
+    let holders = (0..engines.len()).filter(|&e| m[e] == top);
+    let n = engines.len().max(1);
+    let start = (p.submit.id % n as u64) as usize;
+    let first_holder = (0..n).map(|k| (start + k) % n).find(|&e| m[e] == top)?;
+    let (th, h) = soonest(engines, holders, p, now, (f64::INFINITY, None))
+        .unwrap_or((f64::INFINITY, first_holder));
+    let mut best = (th, None);
+    for o in (0..engines.len()).map(|k| (start + k) % n) {
+        if m[o] == top {
+            continue;
+        }
+        let charge = kappa * recompute_s(&engines[o], top - m[o]);
+        if charge >= best.0 {
+            continue; // even an instant first token would not pay for the move
+        }
+        let t = first_token_within(&engines[o], p, now, best.0 - charge);
+        if t + charge < best.0 {
+            best = (t + charge, Some(o));
+        }
+    }
+    Some((h, th, best.1))
+}
+
+fn sticky(engines: &[SimEngine], p: &Hashed<'_>, now: f64, kappa: f64) -> usize {
+    if kappa == f64::INFINITY {
+        let m = matches(engines, p);
+        let top = m.iter().copied().max().unwrap_or(0);
+        let mut holders = (0..engines.len()).filter(|&e| top > 0 && m[e] == top);
+        if let (Some(h), None) = (holders.next(), holders.next()) {
+            return h; // the one holder: no fork needed
+        }
+    }
+    match holder_or_sooner(engines, p, now, kappa) {
+        None => clairvoyant::pick(engines, p, now),
+        Some((h, _, moved)) => moved.unwrap_or(h),
+    }
+}
