@@ -19,6 +19,7 @@ use crate::sim::Outcome;
 use crate::workload::Arrival;
 use loadlink_publish::free_port_block;
 pub mod burst;
+pub mod cache_series;
 pub(crate) mod procs;
 mod routers;
 pub(crate) mod scrape;
@@ -296,11 +297,19 @@ async fn run_variant(
     let loads_before = scrape::fleet_adapter_loads(client, engines).await;
     let sampler = QueueSampler::start(client.clone(), engines.to_vec());
     let start = Instant::now();
+    let series = cache_before.map(|b| {
+        let (c, e) = (client.clone(), prefilling.clone());
+        cache_series::CacheSeries::start(c, e, (start, b), cfg.time_scale)
+    });
     let fleets = (engines, routers.urls.as_slice(), b.pd.as_ref());
     let trace = (b.arrivals.as_slice(), b.openai_model.as_deref());
     let measured = traffic::drive(cfg, client, trace, fleets, progress, &label).await;
     let makespan = start.elapsed().as_secs_f64() * cfg.time_scale;
     let queue_cv = sampler.finish().await;
+    let cache_series = match series {
+        Some(s) => s.finish().await,
+        None => Vec::new(),
+    };
     // An external router has no loadlink decision counters; its rows say 0 of 0.
     let (decisions, fallback) = match variant {
         LiveVariant::Loadlink { .. } => decisions(client, &routers.urls, progress).await,
@@ -327,6 +336,7 @@ async fn run_variant(
             _ => fallback,
         },
         cache_tokens: None,
+        cache_series,
         rejected: 0,
         loaded_back_tokens: 0,
         adapter_loads: 0,

@@ -61,11 +61,24 @@ pub struct LiveArgs {
     /// each variant reports its p50 TTFT per 10 s window of arrivals and its recovery time.
     #[arg(long)]
     burst: bool,
+    /// Also report each variant's figures over the requests arriving after this many virtual
+    /// seconds (hit rate over the prompt tokens computed after it), beside the whole run's: every
+    /// run starts with empty caches, and a prefix workload's cold start is the same for every
+    /// router. 0: the whole run only.
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
 }
 
 pub fn run(a: LiveArgs) -> Result<()> {
     if !(a.time_scale > 0.0 && a.duration > 0.0) {
         anyhow::bail!("--time-scale and --duration must be > 0");
+    }
+    if !(0.0..a.duration).contains(&a.warmup) {
+        anyhow::bail!(
+            "--warmup {}: expected 0 or more and less than --duration {}",
+            a.warmup,
+            a.duration
+        );
     }
     let (mut s, load) = a.common.scenario()?;
     if a.ranks == 0 || s.engines % a.ranks != 0 {
@@ -163,6 +176,17 @@ pub fn run(a: LiveArgs) -> Result<()> {
     if let Some(rs) = &recoveries {
         print!("{}", loadlink_bench::live::burst::recovery_table(rs));
     }
+    use loadlink_bench::live::cache_series::{AfterWarmup, warmup_table};
+    let warm: Vec<AfterWarmup> = match a.warmup > 0.0 {
+        true => rows
+            .iter()
+            .map(|r| AfterWarmup::of(&r.label, &r.outcome, a.warmup))
+            .collect(),
+        false => Vec::new(),
+    };
+    if !warm.is_empty() {
+        print!("{}", warmup_table(&warm));
+    }
     // The raw samples go in too, so `bench plot` can redraw without a rerun.
     let mut doc = serde_json::json!({ "scenario": s.name, "mode": "live", "seed": seed, "publish_point": s.publish_point.as_str(), "time_scale": a.time_scale, "duration_s": a.duration, "wall_s": started.elapsed().as_secs_f64(), "rows": rows.iter().map(row_json_with_samples).collect::<Vec<_>>() });
     // How busy the machine was (live figures move with it), and what any external router ran.
@@ -171,6 +195,9 @@ pub fn run(a: LiveArgs) -> Result<()> {
         let b = f.burst;
         doc["burst"] = serde_json::json!({ "start_s": b.start_s, "len_s": b.len_s, "base": b.base, "peak": b.peak, "short": f.short });
         doc["recovery"] = rs.iter().map(|r| r.json()).collect();
+    }
+    if !warm.is_empty() {
+        doc["after_warmup"] = warm.iter().map(AfterWarmup::json).collect();
     }
     if !a.external_routers.is_empty() {
         doc["external_routers"] = a

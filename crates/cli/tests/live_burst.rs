@@ -1,6 +1,8 @@
 //! `bench live --burst` end to end on the real binary: the trace carries issue 24's burst, each
 //! variant's recovery figures (p50 per 10 s window of arrivals, recovery time) are printed and
-//! stored, and a loadlink variant can carry extra `loadlink route` flags (`--fleet-pricing blind`).
+//! stored, a loadlink variant can carry extra `loadlink route` flags (`--fleet-pricing blind`), and
+//! `--warmup` adds the figures after a cold start, its hit rate from the cache counters read
+//! during the run.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -20,7 +22,16 @@ fn a_burst_run_reports_each_variants_windows_and_recovery() {
     // The shortest burst run (50 virtual s) of S3 at a low base, compressed 10×.
     let run = Command::new(EXE)
         .args(["bench", "live", "--scenario", "s3", "--duration", "50"])
-        .args(["--load", "0.3", "--time-scale", "10", "--burst", "--out"])
+        .args([
+            "--load",
+            "0.3",
+            "--time-scale",
+            "10",
+            "--burst",
+            "--warmup",
+            "20",
+            "--out",
+        ])
         .arg(&out)
         .args(["--variant", "min_ttft/backlog --fleet-pricing blind"])
         .output()
@@ -50,6 +61,22 @@ fn a_burst_run_reports_each_variants_windows_and_recovery() {
     assert!(windows.iter().all(|w| w.as_f64().is_some_and(|x| x > 0.0)));
     assert!(rec[0]["before_p50_s"].as_f64().is_some_and(|x| x > 0.0));
     assert!(stdout.contains("recovery"), "{stdout}");
+    // After the warm-up: fewer requests than the run, a hit rate from the counters read during
+    // the run (every 5 virtual s), the whole run's figures beside them.
+    let warm = &doc["after_warmup"][0];
+    let (after, all) = (
+        warm["requests"].as_u64().unwrap(),
+        row["completed"].as_u64().unwrap(),
+    );
+    assert!(after > 0 && after < all, "{warm}");
+    assert!(
+        warm["hit"]
+            .as_f64()
+            .is_some_and(|h| (0.0..=1.0).contains(&h)),
+        "{warm}"
+    );
+    assert_eq!(warm["hit_whole_run"], row["cache_hit_rate"], "{warm}");
+    assert!(stdout.contains("after the first 20 virtual s"), "{stdout}");
 }
 
 #[test]
