@@ -238,8 +238,17 @@ mod tests {
     fn idle_sessions_come_back_from_the_host_and_tier_pricing_changes_the_route() {
         let mut s = scenario();
         s.duration_s = 90.0;
+        // Fleet pricing pins sessions to their holders near saturation whatever the tier term
+        // says; the tier term is compared on its own (fleet-blind) for the slow tier.
+        let fleet_blind = |mut t: TierVariant| {
+            if let SimRouter::Policy(Policy::MinTtft(p)) = &mut t.router.router {
+                p.fleet_pricing = loadlink_router::policy::FleetPricing::Blind;
+            }
+            t
+        };
         let v = &TIER_VARIANTS;
-        let rows = rows_of(&[v[0], v[2], v[3], v[5], v[6]], &s, 1, s.load, |_| {});
+        let (slow_b, slow_a) = (fleet_blind(v[5]), fleet_blind(v[6]));
+        let rows = rows_of(&[v[0], v[2], v[3], slow_b, slow_a], &s, 1, s.load, |_| {});
         let (none, miss, blind, slow_blind, slow_aware) = (0, 1, 2, 3, 4);
         let rate = |i: usize| rows[i].outcome.tier_hit_rates().unwrap();
         assert_eq!(rate(none).1, 0.0, "no host tier: no host hits");

@@ -118,3 +118,21 @@ fn the_worst_hit_loss_is_relative_between_adjacent_loads() {
     assert_eq!((from, to), (0.55, 0.6));
     assert!((lost - 2.0 / 3.0).abs() < 1e-12);
 }
+
+#[test]
+fn a_warm_up_leaves_out_early_requests_and_early_tokens() {
+    let o = crate::sim::Outcome {
+        ttft: vec![9.0, 0.1, 0.2],
+        ttft_floor: vec![0.05, 0.05, 0.05],
+        arrived: vec![10.0, 130.0, 200.0],
+        cache_tokens: Some((900, 1_400)),
+        cache_series: vec![(119.0, 0, 400), (120.0, 100, 600), (121.0, 200, 700)],
+        ..Default::default()
+    };
+    let (ttft, waits) = o.since(120.0);
+    assert_eq!(ttft, vec![0.1, 0.2]);
+    assert!((waits[1] - 0.15).abs() < 1e-12);
+    // 800 of the 800 prompt tokens after the 120 s sample: (900 − 100) / (1400 − 600).
+    assert_eq!(o.hit_rate_since(120.0), Some(1.0));
+    assert_eq!(o.hit_rate_since(0.0), Some(900.0 / 1_400.0));
+}

@@ -84,15 +84,16 @@ impl FleetCtx {
         home: None,
     };
 
-    /// One pass over the available candidates.
+    /// One pass over the available candidates; `held(i)` is what candidate i holds of the prompt
+    /// (the cached tokens the TTFT term counts as hits).
     #[inline]
-    pub fn of(view: &impl View) -> Self {
+    pub fn of<V: View>(view: &V, held: impl Fn(&V, usize) -> u64) -> Self {
         let (mut max_cached, mut num, mut den) = (0u64, 0.0, 0.0);
         for i in 0..view.len() {
             if !view.available(i) {
                 continue;
             }
-            max_cached = max_cached.max(view.cached_tokens(i));
+            max_cached = max_cached.max(held(view, i));
             if let Some(rho) = view.utilisation(i) {
                 let w = 1.0 / view.prefill_s_per_token(i).max(1e-12);
                 num += rho * w;
@@ -100,8 +101,8 @@ impl FleetCtx {
             }
         }
         let home = view.prefix_key(max_cached).and_then(|key| {
-            let holders = (0..view.len())
-                .filter(|&i| view.available(i) && view.cached_tokens(i) >= max_cached);
+            let holders =
+                (0..view.len()).filter(|&i| view.available(i) && held(view, i) >= max_cached);
             holders.max_by_key(|&i| mix(key ^ view.worker_key(i)))
         });
         FleetCtx {

@@ -156,7 +156,7 @@ fn a_hot_holder_is_still_shed_when_its_queue_outweighs_the_recompute() {
     let mut f = session(0.5, 5.0);
     f.w[0].rho = Some(0.98);
     f.w[1].rho = Some(0.3);
-    let ctx = FleetCtx::of(&f);
+    let ctx = FleetCtx::of(&f, |v, i| v.cached_tokens(i));
     assert!(ctx.rho_bar.unwrap() > 0.6);
     assert!((0..200).all(|e| aware().pick(&f, e) == Some(1)));
 }

@@ -226,9 +226,25 @@ impl MinTtft {
         };
         let fleet_s = match fleet.max_cached {
             0 => 0.0,
-            _ => fleet.extra_s(view, i, prompt, cached, s_tok),
+            _ => fleet.extra_s(view, i, prompt, self.held(view, i).min(prompt), s_tok),
         };
         queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty + fleet_s
+    }
+
+    /// What candidate `i` holds of the prompt for the fleet term, in tokens of recompute it saves:
+    /// its device hits, and its host-tier hits less their load-back time in tokens of prefill (as
+    /// the TTFT term prices them: free when blind, worthless when priced as misses).
+    #[inline]
+    fn held(&self, view: &impl View, i: usize) -> u64 {
+        let cached = view.cached_tokens(i);
+        let host = view.host_cached_tokens(i).min(cached);
+        if host == 0 || self.tier_pricing == TierPricing::Blind {
+            return cached;
+        }
+        let s_tok = view.prefill_s_per_token(i);
+        let load = self.host_load_s(view, i, cached, s_tok);
+        let saved = (host as f64 - load / s_tok.max(1e-12)).max(0.0);
+        cached - host + saved as u64
     }
 
     /// The adapter term: the request's wait for a slot, plus the engine's load time for every
@@ -282,7 +298,7 @@ impl MinTtft {
     pub fn pick(&self, view: &impl View, entropy: u64) -> Option<usize> {
         let n = view.len();
         let fleet = match self.fleet_pricing {
-            FleetPricing::Aware => FleetCtx::of(view),
+            FleetPricing::Aware => FleetCtx::of(view, |v, i| self.held(v, i)),
             FleetPricing::Blind => FleetCtx::NONE,
         };
         let fleet = if fleet.active() {
@@ -317,7 +333,7 @@ impl MinTtft {
         let (mut any, mut held) = (Reservoir::default(), Reservoir::default());
         for i in (0..n).filter(|&i| within(i)) {
             any.offer(i, entropy);
-            if fleet.max_cached > 0 && view.cached_tokens(i) >= fleet.max_cached {
+            if fleet.max_cached > 0 && self.held(view, i) >= fleet.max_cached {
                 held.offer(i, entropy);
             }
         }
