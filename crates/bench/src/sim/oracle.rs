@@ -20,6 +20,11 @@
 //!   the queueing it inflicts on others near saturation; κ = ∞ never leaves a holder. Without a
 //!   holder (nothing of the prompt anywhere) it is greedy. Tied holders: the soonest of them.
 //!
+//! * [`Oracle::Priced`]: Sticky with a κ per engine that follows the load, the congestion
+//!   externality `M(ρ̃)` `min_ttft` prices a recompute at ([`fleet_cost`]): about ρ at low load
+//!   (nearly greedy), tens near saturation (nearly never leaving a holder). It is the production
+//!   policy's own locality rule with an exact TTFT, so a production policy that beats the bound
+//!   does it by predicting worse, which an oracle must not lose to.
 //! * [`Oracle::Lookahead`]: where greedy's engine g and the holder h differ, it rolls the fleet
 //!   forward both ways over the window the decision weighs on — the time h's queue takes to serve
 //!   the request (its exact TTFT there, the longer of the two), at most
@@ -37,6 +42,9 @@ use super::lookahead::{self, Window};
 use super::{DirectTarget, Sim, SimRouter};
 use loadlink_engine::model::{ModelConfig, Submit};
 use loadlink_engine::radix::PageChain;
+use loadlink_router::View;
+use loadlink_router::fleet::FleetView;
+use loadlink_router::policy::fleet_cost::{FleetCtx, externality};
 use loadlink_router::policy::mix;
 
 /// One oracle router of the family (see the module doc).
@@ -48,13 +56,18 @@ pub enum Oracle {
     /// token beats it by more than `kappa` × the recompute the move causes (`f64::INFINITY`:
     /// never leave a holder).
     Sticky { kappa: f64 },
+    /// Sticky with κ per engine the congestion externality `M(ρ̃) = ρ̃ / (1 − ρ̃)²` that
+    /// `min_ttft --fleet-pricing aware` charges a recompute (its ρ̃: the engine's utilisation
+    /// floored at the fleet's, as the routers' books measure them): the production policy's
+    /// locality pricing on the exact TTFT instead of a predicted one.
+    Priced,
     /// Greedy, except where greedy's engine is not the holder: then the better of the two by a
     /// rollout of the fleet over the window with its known arrivals ([`lookahead`]).
     Lookahead,
 }
 
 /// The family the bound is the per-metric best of, with the labels sweeps print.
-pub const ORACLES: [(&str, SimRouter); 5] = [
+pub const ORACLES: [(&str, SimRouter); 8] = [
     ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
     (
         "oracle sticky k=1",
@@ -65,11 +78,20 @@ pub const ORACLES: [(&str, SimRouter); 5] = [
         SimRouter::Oracle(Oracle::Sticky { kappa: 4.0 }),
     ),
     (
+        "oracle sticky k=16",
+        SimRouter::Oracle(Oracle::Sticky { kappa: 16.0 }),
+    ),
+    (
+        "oracle sticky k=64",
+        SimRouter::Oracle(Oracle::Sticky { kappa: 64.0 }),
+    ),
+    (
         "oracle sticky k=inf",
         SimRouter::Oracle(Oracle::Sticky {
             kappa: f64::INFINITY,
         }),
     ),
+    ("oracle priced", SimRouter::Oracle(Oracle::Priced)),
     ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
 ];
 
@@ -89,10 +111,17 @@ impl Sim<'_> {
     ) -> usize {
         self.out.decisions += 1;
         let p = Hashed::new(submit, &self.engines);
+        if oracle == Oracle::Priced {
+            let kappa = self.externalities(i, t);
+            return match holder_or_sooner(&self.engines, &p, t, &|o| kappa[o]) {
+                None => clairvoyant::pick(&self.engines, &p, t),
+                Some((h, _, moved)) => moved.unwrap_or(h),
+            };
+        }
         if oracle != Oracle::Lookahead {
             return pick(oracle, &self.engines, &p, t);
         }
-        let Some((h, th, g)) = holder_or_sooner(&self.engines, &p, t, 0.0) else {
+        let Some((h, th, g)) = holder_or_sooner(&self.engines, &p, t, &|_| 0.0) else {
             return clairvoyant::pick(&self.engines, &p, t);
         };
         let Some(g) = g else {
@@ -134,6 +163,21 @@ impl Sim<'_> {
         let score = |u| lookahead::score(&self.engines, &p, u, t, window_s, &w);
         if score(g) < score(h) { g } else { h }
     }
+
+    /// Per unit, `min_ttft`'s congestion externality `M(max(ρ, ρ̄))` as request `i`'s router
+    /// replica measures the engines at `t` (0 where ρ is unknown: no locality charge).
+    fn externalities(&self, i: usize, t: f64) -> Vec<f64> {
+        let book = &self.books[i % self.books.len().max(1)];
+        let mut view = FleetView::new(book, self.cfg.signal, self.cfg.freshness_ms);
+        view.now_ms = super::ms(t);
+        let rho_bar = FleetCtx::of(&view).rho_bar;
+        (0..self.engines.len())
+            .map(|u| {
+                let rho = view.utilisation(self.layout.engine_of(u));
+                rho.zip(rho_bar).map_or(0.0, |(r, b)| externality(r.max(b)))
+            })
+            .collect()
+    }
 }
 
 /// The engine (scheduler unit) `oracle` sends `submit` to at `now`.
@@ -141,8 +185,9 @@ pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f
     match oracle {
         Oracle::Greedy => clairvoyant::pick(engines, p, now),
         Oracle::Sticky { kappa } => sticky(engines, p, now, kappa),
-        // Without the future arrivals (a caller outside the simulation): greedy.
-        Oracle::Lookahead => clairvoyant::pick(engines, p, now),
+        // Without the routers' books or the future arrivals (a caller outside the simulation):
+        // greedy.
+        Oracle::Priced | Oracle::Lookahead => clairvoyant::pick(engines, p, now),
     }
 }
 
@@ -166,13 +211,13 @@ pub(crate) fn recompute_s_of(model: &ModelConfig, tokens: u64) -> f64 {
 }
 
 /// The holder h (the soonest of the engines with the deepest will-be-cached prefix), its exact
-/// TTFT, and the engine o minimising `ttft_o + kappa × recompute_o` if that beats h's TTFT
+/// TTFT, and the engine o minimising `ttft_o + kappa(o) × recompute_o` if that beats h's TTFT
 /// (`None`: h stays best). `None` when no engine holds any of the prompt.
 fn holder_or_sooner(
     engines: &[SimEngine],
     p: &Hashed<'_>,
     now: f64,
-    kappa: f64,
+    kappa: &dyn Fn(usize) -> f64,
 ) -> Option<(usize, f64, Option<usize>)> {
     let m = matches(engines, p);
     let top = m.iter().copied().max().filter(|&t| t > 0)?;
@@ -187,7 +232,7 @@ fn holder_or_sooner(
         if m[o] == top {
             continue;
         }
-        let charge = kappa * recompute_s(&engines[o], top - m[o]);
+        let charge = kappa(o) * recompute_s(&engines[o], top - m[o]);
         if charge >= best.0 {
             continue; // even an instant first token would not pay for the move
         }
@@ -208,7 +253,7 @@ fn sticky(engines: &[SimEngine], p: &Hashed<'_>, now: f64, kappa: f64) -> usize 
             return h; // the one holder: no fork needed
         }
     }
-    match holder_or_sooner(engines, p, now, kappa) {
+    match holder_or_sooner(engines, p, now, &|_| kappa) {
         None => clairvoyant::pick(engines, p, now),
         Some((h, _, moved)) => moved.unwrap_or(h),
     }
