@@ -181,7 +181,9 @@ impl Sim<'_> {
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
             .with_prefix(prompt, &cached);
         view.now_ms = super::ms(t);
-        let ctx = FleetCtx::of(&view, |v, e| v.cached_tokens(e));
+        let ctx = FleetCtx::of(&view, |v, e| {
+            loadlink_router::policy::View::cached_tokens(v, e)
+        });
         (0..self.engines.len())
             .map(|u| {
                 let s_tok = recompute_s(&self.engines[u], 1);
