@@ -20,6 +20,13 @@
 //!   the queueing it inflicts on others near saturation; κ = ∞ never leaves a holder. Without a
 //!   holder (nothing of the prompt anywhere) it is greedy. Tied holders: the soonest of them.
 //!
+//! * [`Oracle::Priced`]: the lowest exact TTFT plus the fleet's seconds `min_ttft
+//!   --fleet-pricing aware` charges a placement ([`FleetCtx::extra_s`]: the recompute it causes,
+//!   at the congestion externality `M(ρ̃)` of the engine's utilisation as the routers' books
+//!   measure it), with the exact will-be-cached prefixes (no eviction regret: see
+//!   [`Sim::fleet_seconds`]). It is
+//!   the production policy's own pricing on an exact TTFT, so a production policy that beats the
+//!   bound does it by predicting worse, which an oracle must not lose to.
 //! * [`Oracle::Lookahead`]: where greedy's engine g and the holder h differ, it rolls the fleet
 //!   forward both ways over the window the decision weighs on — the time h's queue takes to serve
 //!   the request (its exact TTFT there, the longer of the two), at most
@@ -37,6 +44,8 @@ use super::lookahead::{self, Window};
 use super::{DirectTarget, Sim, SimRouter};
 use loadlink_engine::model::{ModelConfig, Submit};
 use loadlink_engine::radix::PageChain;
+use loadlink_router::fleet::FleetView;
+use loadlink_router::policy::fleet_cost::FleetCtx;
 use loadlink_router::policy::mix;
 
 /// One oracle router of the family (see the module doc).
@@ -48,13 +57,17 @@ pub enum Oracle {
     /// token beats it by more than `kappa` × the recompute the move causes (`f64::INFINITY`:
     /// never leave a holder).
     Sticky { kappa: f64 },
+    /// The lowest exact TTFT plus the seconds `min_ttft --fleet-pricing aware` charges the fleet
+    /// for the placement (the recompute it causes at the congestion externality, read from the
+    /// routers' books): the production pricing on an exact TTFT.
+    Priced,
     /// Greedy, except where greedy's engine is not the holder: then the better of the two by a
     /// rollout of the fleet over the window with its known arrivals ([`lookahead`]).
     Lookahead,
 }
 
 /// The family the bound is the per-metric best of, with the labels sweeps print.
-pub const ORACLES: [(&str, SimRouter); 5] = [
+pub const ORACLES: [(&str, SimRouter); 8] = [
     ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
     (
         "oracle sticky k=1",
@@ -65,11 +78,20 @@ pub const ORACLES: [(&str, SimRouter); 5] = [
         SimRouter::Oracle(Oracle::Sticky { kappa: 4.0 }),
     ),
     (
+        "oracle sticky k=16",
+        SimRouter::Oracle(Oracle::Sticky { kappa: 16.0 }),
+    ),
+    (
+        "oracle sticky k=64",
+        SimRouter::Oracle(Oracle::Sticky { kappa: 64.0 }),
+    ),
+    (
         "oracle sticky k=inf",
         SimRouter::Oracle(Oracle::Sticky {
             kappa: f64::INFINITY,
         }),
     ),
+    ("oracle priced", SimRouter::Oracle(Oracle::Priced)),
     ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
 ];
 
@@ -89,10 +111,14 @@ impl Sim<'_> {
     ) -> usize {
         self.out.decisions += 1;
         let p = Hashed::new(submit, &self.engines);
+        if oracle == Oracle::Priced {
+            let extra = self.fleet_seconds(i, &p, t);
+            return priced(&self.engines, &p, t, &extra);
+        }
         if oracle != Oracle::Lookahead {
             return pick(oracle, &self.engines, &p, t);
         }
-        let Some((h, th, g)) = holder_or_sooner(&self.engines, &p, t, 0.0) else {
+        let Some((h, th, g)) = holder_or_sooner(&self.engines, &p, t, &|_| 0.0) else {
             return clairvoyant::pick(&self.engines, &p, t);
         };
         let Some(g) = g else {
@@ -134,6 +160,62 @@ impl Sim<'_> {
         let score = |u| lookahead::score(&self.engines, &p, u, t, window_s, &w);
         if score(g) < score(h) { g } else { h }
     }
+
+    /// Per unit, the fleet's seconds `min_ttft` charges for placing `p` there
+    /// ([`FleetCtx::extra_s`]), on request `i`'s router replica's books at `t` and the exact
+    /// will-be-cached prefixes (0 everywhere while no utilisation is known).
+    fn fleet_seconds(&self, i: usize, p: &Hashed<'_>, t: f64) -> Vec<f64> {
+        let r = i % self.books.len().max(1);
+        let m = matches(&self.engines, p);
+        // The books are per engine; a unit stands for its engine (its deepest rank's prefix).
+        let mut cached = vec![0u64; self.books[r].len()];
+        for (u, &mu) in m.iter().enumerate() {
+            let e = self.layout.engine_of(u);
+            if let Some(c) = cached.get_mut(e) {
+                *c = (*c).max(mu);
+            }
+        }
+        let prompt = p.submit.prompt_tokens;
+        // No eviction regret: the simulator's router caches fill it per lookup, and an oracle
+        // looks nothing up, so the pollution term stays 0 here (the recompute term is exact).
+        let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
+            .with_prefix(prompt, &cached);
+        view.now_ms = super::ms(t);
+        let ctx = FleetCtx::of(&view, |v, e| {
+            loadlink_router::policy::View::cached_tokens(v, e)
+        });
+        (0..self.engines.len())
+            .map(|u| {
+                let s_tok = recompute_s(&self.engines[u], 1);
+                let e = self.layout.engine_of(u);
+                ctx.extra_s(&view, e, prompt, m[u], s_tok)
+            })
+            .collect()
+    }
+}
+
+/// The engine minimising its exact TTFT plus `extra` seconds (the engines holding most of the
+/// prompt forked first; ties rotate with the request id).
+fn priced(engines: &[SimEngine], p: &Hashed<'_>, now: f64, extra: &[f64]) -> usize {
+    let n = engines.len().max(1);
+    let start = (p.submit.id % n as u64) as usize;
+    let m = matches(engines, p);
+    let rot = |e: usize| (e + n - start) % n;
+    let mut order: Vec<usize> = (0..engines.len()).collect();
+    order.sort_unstable_by_key(|&e| (std::cmp::Reverse(m[e]), rot(e)));
+    let mut best: (f64, Option<usize>) = (f64::INFINITY, None);
+    for o in order {
+        let charge = extra.get(o).copied().unwrap_or(0.0);
+        if charge >= best.0 {
+            continue; // even an instant first token would not pay for it
+        }
+        let t = first_token_within(&engines[o], p, now, best.0 - charge) + charge;
+        let tie_first = t == best.0 && best.1.is_some_and(|b| rot(o) < rot(b));
+        if t < best.0 || tie_first {
+            best = (t, Some(o));
+        }
+    }
+    best.1.unwrap_or(start)
 }
 
 /// The engine (scheduler unit) `oracle` sends `submit` to at `now`.
@@ -141,8 +223,9 @@ pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f
     match oracle {
         Oracle::Greedy => clairvoyant::pick(engines, p, now),
         Oracle::Sticky { kappa } => sticky(engines, p, now, kappa),
-        // Without the future arrivals (a caller outside the simulation): greedy.
-        Oracle::Lookahead => clairvoyant::pick(engines, p, now),
+        // Without the routers' books or the future arrivals (a caller outside the simulation):
+        // greedy.
+        Oracle::Priced | Oracle::Lookahead => clairvoyant::pick(engines, p, now),
     }
 }
 
@@ -166,13 +249,13 @@ pub(crate) fn recompute_s_of(model: &ModelConfig, tokens: u64) -> f64 {
 }
 
 /// The holder h (the soonest of the engines with the deepest will-be-cached prefix), its exact
-/// TTFT, and the engine o minimising `ttft_o + kappa × recompute_o` if that beats h's TTFT
+/// TTFT, and the engine o minimising `ttft_o + kappa(o) × recompute_o` if that beats h's TTFT
 /// (`None`: h stays best). `None` when no engine holds any of the prompt.
 fn holder_or_sooner(
     engines: &[SimEngine],
     p: &Hashed<'_>,
     now: f64,
-    kappa: f64,
+    kappa: &dyn Fn(usize) -> f64,
 ) -> Option<(usize, f64, Option<usize>)> {
     let m = matches(engines, p);
     let top = m.iter().copied().max().filter(|&t| t > 0)?;
@@ -187,7 +270,7 @@ fn holder_or_sooner(
         if m[o] == top {
             continue;
         }
-        let charge = kappa * recompute_s(&engines[o], top - m[o]);
+        let charge = kappa(o) * recompute_s(&engines[o], top - m[o]);
         if charge >= best.0 {
             continue; // even an instant first token would not pay for the move
         }
@@ -208,7 +291,7 @@ fn sticky(engines: &[SimEngine], p: &Hashed<'_>, now: f64, kappa: f64) -> usize 
             return h; // the one holder: no fork needed
         }
     }
-    match holder_or_sooner(engines, p, now, kappa) {
+    match holder_or_sooner(engines, p, now, &|_| kappa) {
         None => clairvoyant::pick(engines, p, now),
         Some((h, _, moved)) => moved.unwrap_or(h),
     }
