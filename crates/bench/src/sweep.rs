@@ -105,35 +105,48 @@ pub fn run(
     let mut rows = Vec::new();
     for &load in loads {
         let a = arrivals(s, seed, load);
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut done: Vec<(usize, SweepRow)> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads.clamp(1, variants.len().max(1)))
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(v) = variants.get(k) else {
-                                return mine;
-                            };
-                            let (o, q) = run_arrivals(s, &a, v);
-                            progress(load, v.label);
-                            mine.push((k, row(load, v, &o, &q)));
-                        }
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|w| w.join().expect("a sweep run panicked"))
-                .collect()
+        let done = par_map(variants, threads, |v| {
+            let (o, q) = run_arrivals(s, &a, v);
+            progress(load, v.label);
+            row(load, v, &o, &q)
         });
-        done.sort_by_key(|(k, _)| *k);
-        rows.extend(done.into_iter().map(|(_, r)| r));
+        rows.extend(done);
     }
     let bounds = bound(&rows);
     rows.extend(bounds);
     rows
+}
+
+/// `f` over `items` on up to `threads` threads (each takes the next item when it is free: the
+/// runs differ in length), results in the items' order.
+pub fn par_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.clamp(1, items.len().max(1)))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(k) else {
+                            return mine;
+                        };
+                        mine.push((k, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a sweep run panicked"))
+            .collect()
+    });
+    done.sort_by_key(|(k, _)| *k);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Per load with oracle rows: the best oracle figure of each kind (most hits, least TTFT and

@@ -142,36 +142,15 @@ pub(crate) fn burst(s: &Scenario, seed: u64, b: &Burst, plan: &SweepPlan) -> Res
         a.len()
     );
     let vs = variants(plan.oracles);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut got: Vec<(usize, recovery::Recovery)> = std::thread::scope(|scope| {
-        let hs: Vec<_> = (0..plan.threads.clamp(1, vs.len()))
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    while let Some(v) =
-                        vs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                    {
-                        let (o, _) = scenario::run_arrivals(s, &a, v);
-                        mine.push((mine.len(), recovery::recovery(v.label, &o, b, s.duration_s)));
-                    }
-                    mine
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .flat_map(|h| h.join().expect("a burst run panicked"))
-            .collect()
-    });
-    got.sort_by(|x, y| {
-        vs.iter()
-            .position(|v| v.label == x.1.label)
-            .cmp(&vs.iter().position(|v| v.label == y.1.label))
+    let got = sweep::par_map(&vs, plan.threads, |v| {
+        let (o, _) = scenario::run_arrivals(s, &a, v);
+        recovery::recovery(v.label, &o, b, s.duration_s)
     });
     println!(
         "{:<34}{:>12}{:>12}{:>14}{:>8}",
         "variant", "p50 before", "worst p50", "recovery", "hit"
     );
-    for (_, r) in &got {
+    for r in &got {
         let rec = r
             .recovery_s
             .map_or("never".to_string(), |x| format!("{x:.0} s"));
@@ -187,7 +166,7 @@ pub(crate) fn burst(s: &Scenario, seed: u64, b: &Burst, plan: &SweepPlan) -> Res
     let doc = serde_json::json!({
         "scenario": s.name, "seed": seed, "duration_s": s.duration_s, "commit": commit(),
         "burst": {"start_s": b.start_s, "len_s": b.len_s, "base": b.base, "peak": b.peak},
-        "rows": got.iter().map(|(_, r)| r.json()).collect::<Vec<_>>(),
+        "rows": got.iter().map(recovery::Recovery::json).collect::<Vec<_>>(),
     });
     let path = plan.out.join(format!("{}-burst-seed{seed}.json", s.name));
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)

@@ -44,10 +44,18 @@ async fn a_repeated_prompt_hits_and_its_pages_are_announced_once() {
     // The cache holds the prompt and the one output token with KV: 65 tokens, 4 full pages.
     let mut cached = prompt.clone();
     cached.push(OUTPUT_TOKEN);
-    let stored: Vec<_> = replay(kv + 2, 0)
-        .into_iter()
-        .flat_map(|r| decode_kv_batch(&r.payload).unwrap().events)
-        .collect();
+    // The events are published on the engine's next cycle, which can come after the metrics.
+    let stored = wait_until("the BlockStored published", 10, || async {
+        let events: Vec<_> = replay(kv + 2, 0)
+            .into_iter()
+            .flat_map(|r| decode_kv_batch(&r.payload).unwrap().events)
+            .collect();
+        match events.is_empty() {
+            true => Err("no KV event yet".to_string()),
+            false => Ok(events),
+        }
+    })
+    .await;
     let [KvEvent::Stored(s)] = &stored[..] else {
         panic!("one BlockStored expected: {stored:?}")
     };
