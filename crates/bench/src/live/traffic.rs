@@ -119,7 +119,22 @@ pub(super) fn body(
     b
 }
 
-/// One streaming request at `at`; its (TTFT, E2E) in wall seconds when it streamed anything.
+/// Finds the stream's first event: whether `chunk`, after what came before it (`seen`: at most
+/// the last few bytes, kept so a `data:` split across two chunks is found), holds a `data:` field.
+/// SSE comments (`:` lines) are not events: a router may send them as keep-alives long before
+/// the first token (SMG 1.13 does, every 15 s), and counting them would cap the measured TTFT.
+fn first_event(seen: &mut Vec<u8>, chunk: &[u8]) -> bool {
+    const FIELD: &[u8] = b"data:";
+    seen.extend_from_slice(chunk);
+    if seen.windows(FIELD.len()).any(|w| w == FIELD) {
+        return true;
+    }
+    let keep = seen.len().saturating_sub(FIELD.len() - 1);
+    seen.drain(..keep);
+    false
+}
+
+/// One streaming request at `at`; its (TTFT, E2E) in wall seconds when it streamed an event.
 async fn send_one(
     c: reqwest::Client,
     at: Instant,
@@ -137,9 +152,11 @@ async fn send_one(
     if !resp.status().is_success() {
         return None;
     }
-    let mut first = None;
-    while let Ok(Some(_)) = resp.chunk().await {
-        first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+    let (mut first, mut seen) = (None, Vec::new());
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        if first.is_none() && first_event(&mut seen, &chunk) {
+            first = Some(t0.elapsed().as_secs_f64());
+        }
     }
     Some((first?, t0.elapsed().as_secs_f64()))
 }
@@ -212,6 +229,61 @@ pub(super) async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_event_is_the_first_data_field_not_a_keep_alive_comment() {
+        let mut seen = Vec::new();
+        assert!(!first_event(&mut seen, b":\n\n"));
+        assert!(!first_event(&mut seen, b": keep-alive\n\n"));
+        assert!(first_event(&mut seen, b"data: {\"choices\":[]}\n\n"));
+        // A field split across two chunks is found, and the bytes kept stay bounded.
+        let mut seen = Vec::new();
+        assert!(!first_event(&mut seen, b":\n\nda"));
+        assert!(seen.len() < 5);
+        assert!(first_event(&mut seen, b"ta: x\n\n"));
+    }
+
+    #[tokio::test]
+    async fn a_keep_alive_before_the_first_token_does_not_count_as_it() {
+        // A raw HTTP/1.1 server on loopback: a keep-alive comment at once, the first event only
+        // after the client's clock has run `gap` past the comment.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let gap = Duration::from_millis(300);
+        let server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 65536];
+            let mut got = Vec::new();
+            // Read the request head and its small JSON body (bounded: until the body's end).
+            while !got.ends_with(b"}") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            conn.write_all(format!("{head}{}", chunk(":\n\n")).as_bytes())
+                .await
+                .unwrap();
+            conn.flush().await.unwrap();
+            tokio::time::sleep(gap).await;
+            let rest = format!(
+                "{}{}0\r\n\r\n",
+                chunk("data: {}\n\n"),
+                chunk("data: [DONE]\n\n")
+            );
+            conn.write_all(rest.as_bytes()).await.unwrap();
+        });
+        let body = serde_json::json!({ "stream": true });
+        let (ttft, e2e) = send_one(reqwest::Client::new(), Instant::now(), url, body)
+            .await
+            .expect("the stream had an event");
+        // The comment came at once; the first event no sooner than `gap` later.
+        assert!(ttft >= gap.as_secs_f64(), "{ttft}");
+        assert!(e2e >= ttft);
+        server.await.unwrap();
+    }
 
     #[test]
     fn ids_text_is_four_characters_per_token_and_keeps_prefixes() {
