@@ -35,8 +35,9 @@ pub const OUTPUT_TOKEN: u32 = chunk_id(OUTPUT_TEXT.as_bytes());
 /// Characters per text token.
 pub const CHARS_PER_TOKEN: usize = 4;
 
-/// FNV-1a of a chunk's UTF-8 bytes, folded into the text id range.
-const fn chunk_id(bytes: &[u8]) -> u32 {
+/// FNV-1a of `bytes`: stable across processes and versions (unlike the std hasher's random
+/// seed), so what it keys is the same in every process that computes it.
+pub const fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut i = 0;
     while i < bytes.len() {
@@ -44,7 +45,12 @@ const fn chunk_id(bytes: &[u8]) -> u32 {
         h = h.wrapping_mul(0x0100_0000_01b3);
         i += 1;
     }
-    FIRST_TEXT_ID + (h % (VOCAB - FIRST_TEXT_ID) as u64) as u32
+    h
+}
+
+/// [`fnv1a`] of a chunk's UTF-8 bytes, folded into the text id range.
+const fn chunk_id(bytes: &[u8]) -> u32 {
+    FIRST_TEXT_ID + (fnv1a(bytes) % (VOCAB - FIRST_TEXT_ID) as u64) as u32
 }
 
 /// Appends the tokens of `text` to `out`.

@@ -188,11 +188,9 @@ pub struct Worker {
     epoch: Instant,
 }
 
-/// FNV-1a of `s`: stable across processes and versions (unlike the std hasher's random seed).
+/// A key of `s` that every process computes alike ([`loadlink_wire::tokenize::fnv1a`]).
 pub fn stable_key(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    loadlink_wire::tokenize::fnv1a(s.as_bytes())
 }
 
 impl Worker {
