@@ -245,7 +245,7 @@ pub async fn forward(
         view = view.with_lookup(l);
     }
     let first = admission::admit(&st, &mut view, budget, |v| {
-        dispatch(&st, v, lookup.as_ref(), 0)
+        dispatch(&st, v, lookup.as_ref(), asked.stream, 0)
     })
     .await;
     let mut next = match first {
@@ -257,7 +257,7 @@ pub async fn forward(
     for attempt in 0..=cfg.max_retries {
         if attempt > 0 {
             view.now_ms = workers[0].now_ms();
-            next = dispatch(&st, &view, lookup.as_ref(), attempt);
+            next = dispatch(&st, &view, lookup.as_ref(), asked.stream, attempt);
         }
         let Some(Dispatch { seq, idx, guard }) = next.take() else {
             break;
@@ -375,11 +375,13 @@ struct Dispatch {
     guard: InflightGuard,
 }
 
-/// Picks a worker for this attempt and counts the dispatch. `None`: nobody is available.
+/// Picks a worker for this attempt and counts the dispatch (a `streaming` one as unstarted until
+/// its first answer bytes). `None`: nobody is available.
 fn dispatch(
     st: &AppState,
     view: &FleetView<'_>,
     lookup: Option<&Lookup>,
+    streaming: bool,
     attempt: u32,
 ) -> Option<Dispatch> {
     let (seq, idx) = pick(st, view, attempt)?;
@@ -389,6 +391,10 @@ fn dispatch(
         None => crate::book::DISPATCH_TOKENS_GUESS as u64,
     };
     let guard = InflightGuard::to_target(worker, view.targets.rank(idx), uncached);
+    let guard = match streaming {
+        true => guard.awaiting_first_bytes(),
+        false => guard,
+    };
     Some(Dispatch { seq, idx, guard })
 }
 

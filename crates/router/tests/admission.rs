@@ -20,13 +20,15 @@ struct Outcome {
     retry_after: Option<u64>,
 }
 
-async fn burst(r: &RouterHandle, n: usize, slo_ms: Option<u64>) -> Vec<Outcome> {
+/// `n` concurrent streaming requests of ~1000 tokens each; `tag` keeps one burst's prompts apart
+/// from another's, so a later burst cannot ride on the prefix cache an earlier one filled.
+async fn burst(r: &RouterHandle, tag: &str, n: usize, slo_ms: Option<u64>) -> Vec<Outcome> {
     let c = reqwest::Client::new();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (c, url) = (c.clone(), r.url());
+            let text = format!("{tag} prompt {i} ").repeat(200); // ~1000 tokens
             tokio::spawn(async move {
-                let text = format!("unique prompt {i} ").repeat(200); // ~1000 tokens
                 let mut req = c
                     .post(format!("{url}/v1/completions"))
                     .json(&json!({ "prompt": text, "max_tokens": 8, "stream": true }));
@@ -86,10 +88,14 @@ async fn nothing_left(r: &RouterHandle, engine: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
     let (e, _) = loadlink_testkit::publishing_engine(|c| c.model.max_running_requests = 4).await;
+    // The operator's TTFT budget, and the cap set a fifth below it: the cap bounds the predicted
+    // wait, and the margin covers what the prediction leaves out (the proxy's own path, a host
+    // slower than its engine's counters say, as on a loaded two-core CI runner).
     let budget_ms = 1500;
+    let cap_ms = budget_ms * 4 / 5;
     let open = capped_router(&e.url(), AdmissionConfig::default()).await;
     let c = reqwest::Client::new();
-    let uncapped = burst(&open, 40, None).await;
+    let uncapped = burst(&open, "uncapped", 40, None).await;
     let slowest = uncapped.iter().map(|o| o.first).max().unwrap();
     assert!(
         slowest > Duration::from_millis(2 * budget_ms),
@@ -101,18 +107,21 @@ async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
     let capped = capped_router(
         &e.url(),
         AdmissionConfig {
-            max_predicted_wait_ms: Some(budget_ms),
+            max_predicted_wait_ms: Some(cap_ms),
             overload: Overload::Reject,
             ..Default::default()
         },
     )
     .await;
-    let results = burst(&capped, 40, None).await;
+    let results = burst(&capped, "capped", 40, None).await;
     let (admitted, refused): (Vec<_>, Vec<_>) = results.iter().partition(|o| o.status == 200);
+    let mut firsts: Vec<_> = admitted.iter().map(|o| o.first).collect();
+    firsts.sort();
     assert!(
         !admitted.is_empty() && !refused.is_empty(),
-        "some of each: {} admitted, {} refused (statuses {:?})",
+        "some of each: {} admitted (slowest first token {:?}), {} refused (statuses {:?})",
         admitted.len(),
+        firsts.last(),
         refused.len(),
         results.iter().map(|o| o.status).collect::<Vec<_>>()
     );
@@ -121,12 +130,11 @@ async fn a_predicted_wait_cap_keeps_admitted_requests_within_budget() {
             .iter()
             .all(|o| o.status == 429 && o.retry_after >= Some(1))
     );
-    let mut firsts: Vec<_> = admitted.iter().map(|o| o.first).collect();
-    firsts.sort();
     let p99 = firsts[(firsts.len() - 1) * 99 / 100];
     assert!(
         p99 <= Duration::from_millis(budget_ms),
-        "admitted p99 first token {p99:?} within the {budget_ms} ms budget ({} admitted)",
+        "admitted p99 first token {p99:?} within the {budget_ms} ms budget, capped at {cap_ms} ms \
+         ({} admitted)",
         admitted.len()
     );
     let slowest_refusal = refused.iter().map(|o| o.first).max().unwrap();
@@ -165,9 +173,9 @@ async fn a_budget_header_refuses_what_cannot_make_it_and_the_queue_is_bounded() 
     .await;
     let c = reqwest::Client::new();
     // A budget no engine can meet (a 1000-token prefill alone takes ~100 ms) is refused at once.
-    let slo = burst(&r, 1, Some(1)).await;
+    let slo = burst(&r, "hopeless", 1, Some(1)).await;
     assert_eq!(slo[0].status, 429);
-    let results = burst(&r, 30, None).await;
+    let results = burst(&r, "queued", 30, None).await;
     let refused = results.iter().filter(|o| o.status == 429).count();
     assert!(refused > 0 && results.iter().any(|o| o.status == 200));
     let page = scrape(&c, &r.url()).await;

@@ -1,5 +1,12 @@
 //! The in-flight guard: a dispatch counted on a worker (and on the rank it was routed to by name)
 //! from the moment it exists, and an open request until it is dropped (body end or disconnect).
+//!
+//! A streaming request is also counted as *unstarted* until its first answer bytes
+//! ([`InflightGuard::awaiting_first_bytes`], [`InflightGuard::started`]): until then it is queued
+//! for prefill or still on its way there, so its tokens are a floor under the worker's queued
+//! prefill however fresh the snapshot (one taken while it was being tokenized does not show it).
+//! A non-streaming answer says nothing about when its prefill ended, so only streaming requests
+//! are counted.
 
 use super::{DISPATCH_TOKENS_GUESS, Worker};
 use std::sync::Arc;
@@ -14,6 +21,8 @@ pub struct InflightGuard {
     rank: Option<u32>,
     /// The uncached tokens it was dispatched with.
     tokens: u64,
+    /// Of those, what still counts as unstarted (0 once answered, or when not streaming).
+    unstarted: u64,
 }
 
 impl InflightGuard {
@@ -51,7 +60,38 @@ impl InflightGuard {
             worker,
             rank,
             tokens: uncached_tokens,
+            unstarted: 0,
         }
+    }
+
+    /// Counts this (streaming) request's tokens as unstarted until [`InflightGuard::started`] or
+    /// the drop.
+    pub fn awaiting_first_bytes(mut self) -> Self {
+        self.unstarted = self.tokens;
+        self.worker
+            .unstarted_tokens
+            .fetch_add(self.unstarted, Relaxed);
+        if let Some(r) = self.routed() {
+            r.unstarted_tokens.fetch_add(self.unstarted, Relaxed);
+        }
+        self
+    }
+
+    /// Its first answer bytes arrived: its prefill has run (or it failed); no longer unstarted.
+    pub fn started(&mut self) {
+        let n = std::mem::take(&mut self.unstarted);
+        if n == 0 {
+            return;
+        }
+        self.worker.unstarted_tokens.fetch_sub(n, Relaxed);
+        if let Some(r) = self.routed() {
+            r.unstarted_tokens.fetch_sub(n, Relaxed);
+        }
+    }
+
+    fn routed(&self) -> Option<&super::ranks::RankRouted> {
+        let r = self.rank.and_then(|r| self.worker.ranks.get(r as usize))?;
+        Some(r.routed())
     }
 
     pub fn worker(&self) -> &Arc<Worker> {
@@ -66,6 +106,7 @@ impl InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
+        self.started();
         self.worker.inflight.fetch_sub(1, Relaxed);
         self.worker.inflight_tokens.fetch_sub(self.tokens, Relaxed);
         if let Some(r) = self.rank.and_then(|r| self.worker.ranks.get(r as usize)) {

@@ -148,6 +148,9 @@ pub struct Worker {
     /// Uncached tokens of this router's open requests here: a bound on what of its dispatches can
     /// still be queued (a request that finished is not waiting for prefill).
     inflight_tokens: AtomicU64,
+    /// Uncached tokens of this router's open streaming requests that have had no answer bytes
+    /// yet: queued (or on their way to the queue) whatever a snapshot says ([`guard`]).
+    unstarted_tokens: AtomicU64,
     pub requests_total: AtomicU64,
     /// Prompt tokens of the requests this router sent here after a cache lookup, and how many of
     /// them it believed cached here (their ratio is the hit rate the router routed for).
@@ -234,6 +237,7 @@ impl Worker {
             dispatched: AtomicU64::new(0),
             dispatched_tokens: AtomicU64::new(0),
             inflight_tokens: AtomicU64::new(0),
+            unstarted_tokens: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
             routed_prompt_tokens: AtomicU64::new(0),
             routed_cached_tokens: AtomicU64::new(0),

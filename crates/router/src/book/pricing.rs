@@ -1,6 +1,6 @@
 //! What a cost policy reads of one worker in one go: the queued prefill (engine backlog plus this
-//! router's dispatches since the snapshot, in tokens), the measured prefill speed, KV usage and
-//! in-flight count. Lock-free: a handful of atomic loads, as [`Worker::load_at`].
+//! router's dispatches since the snapshot, in tokens, and never less than its own streaming
+//! requests still unanswered), the measured prefill speed, KV usage and in-flight count. Lock-free: a handful of atomic loads, as [`Worker::load_at`].
 
 use super::{LoadSignal, Worker};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pricing {
     /// Prompt tokens queued for prefill there: the engines' reported backlog plus what this router
-    /// dispatched since the oldest snapshot. `None` when engine load is not usable (no range,
+    /// dispatched since the oldest snapshot, at least its streaming requests with no answer yet. `None` when engine load is not usable (no range,
     /// stale, or `--load-signal inflight`): price on in-flight instead.
     pub queued_tokens: Option<u64>,
     /// µs per prefill token: measured from the snapshots' counters, [`PRIOR_US_PER_TOKEN`](super::prefill_rate::PRIOR_US_PER_TOKEN) until
@@ -49,6 +49,7 @@ impl Worker {
             tokens_mark: &self.agg_tokens_mark,
             inflight: &self.inflight,
             inflight_tokens: &self.inflight_tokens,
+            unstarted_tokens: &self.unstarted_tokens,
             requests: &self.agg_requests,
             backlog: &self.agg_backlog,
             us_per_token_bits: &self.agg_us_per_token_bits,
@@ -81,6 +82,7 @@ impl Worker {
             tokens_mark: &routed.tokens_mark,
             inflight: &routed.inflight,
             inflight_tokens: &routed.inflight_tokens,
+            unstarted_tokens: &routed.unstarted_tokens,
             requests: &r.requests,
             backlog: &r.backlog,
             us_per_token_bits: &r.us_per_token_bits,
@@ -108,6 +110,7 @@ struct Counters<'a> {
     tokens_mark: &'a AtomicU64,
     inflight: &'a AtomicI64,
     inflight_tokens: &'a AtomicU64,
+    unstarted_tokens: &'a AtomicU64,
     requests: &'a AtomicI64,
     backlog: &'a AtomicI64,
     us_per_token_bits: &'a AtomicU64,
@@ -134,8 +137,13 @@ impl Counters<'_> {
                 .load(Relaxed)
                 .saturating_sub(self.dispatch_mark.load(Relaxed));
             let e = self.requests.load(Relaxed);
+            // At least this router's streaming requests not yet answered: a snapshot taken while
+            // they were still on their way to the engine's queue (tokenizing, in a socket) does
+            // not show them, and it moves the marks past them.
+            let queued = (self.backlog.load(Relaxed).max(0) as u64 + since_tokens)
+                .max(self.unstarted_tokens.load(Relaxed));
             (
-                Some(self.backlog.load(Relaxed).max(0) as u64 + since_tokens),
+                Some(queued),
                 Some(inflight.max(e.saturating_add(i64::try_from(since).unwrap_or(i64::MAX)))),
                 super::utilisation::rho_of_bits(self.rho_bits.load(Relaxed)),
                 Some(self.pool_free.load(Relaxed)).filter(|&f| f != super::ranks::POOL_UNKNOWN),

@@ -151,3 +151,43 @@ fn what_a_pick_reads_of_a_rank_sits_in_its_first_two_cache_lines() {
     assert!(hot.iter().all(|&e| e <= 128), "{hot:?}");
     assert_eq!(std::mem::align_of::<RankState>(), 64);
 }
+
+#[test]
+fn a_streaming_request_not_yet_answered_stays_queued_past_a_snapshot_that_missed_it() {
+    let w = Arc::new(Worker::new("http://a".into(), 2, None, Instant::now()));
+    w.record_at(0, 0, &snap(0, 0, 0), 10);
+    w.record_at(1, 0, &snap(0, 0, 0), 10);
+    let b = LoadSignal::Backlog;
+    let mut streaming = InflightGuard::to_target(w.clone(), Some(1), 700).awaiting_first_bytes();
+    let plain = InflightGuard::to_target(w.clone(), Some(1), 300);
+    // Both ranks report again before either request reached the engine's queue (still being
+    // tokenized): the marks move past both dispatches.
+    w.record_at(0, 1, &snap(0, 0, 0), 30);
+    w.record_at(1, 1, &snap(0, 0, 0), 30);
+    let queued = |w: &Worker| {
+        (
+            w.rank_pricing_at(1, b, 1000, 40).queued_tokens,
+            w.pricing_at(b, 1000, 40).queued_tokens,
+        )
+    };
+    assert_eq!(
+        queued(&w),
+        (Some(700), Some(700)),
+        "the unanswered streaming request is a floor on the rank and the worker"
+    );
+    streaming.started();
+    assert_eq!(queued(&w), (Some(0), Some(0)), "its first bytes end it");
+    streaming.started();
+    drop(streaming);
+    let again = InflightGuard::to_target(w.clone(), Some(0), 200).awaiting_first_bytes();
+    w.record_at(0, 2, &snap(0, 0, 0), 50);
+    w.record_at(1, 2, &snap(0, 0, 0), 50);
+    assert_eq!(w.pricing_at(b, 1000, 60).queued_tokens, Some(200));
+    drop(again);
+    assert_eq!(
+        w.pricing_at(b, 1000, 60).queued_tokens,
+        Some(0),
+        "a drop without an answer (a failure, a disconnect) ends it too, once"
+    );
+    drop(plain);
+}

@@ -83,6 +83,8 @@ pub struct RankRouted {
     pub(super) tokens_mark: AtomicU64,
     pub(super) inflight: AtomicI64,
     pub(super) inflight_tokens: AtomicU64,
+    /// As [`super::Worker`]'s: streaming requests routed here with no answer bytes yet.
+    pub(super) unstarted_tokens: AtomicU64,
     /// Requests routed here, their prompt tokens and how many of those the router believed cached
     /// here (shown per rank in `/workers` and `/metrics`).
     pub requests_total: AtomicU64,

@@ -1,5 +1,6 @@
-//! What a request's body asks for beyond its prompt: the `model` (and adapter) it must reach, and
-//! the cache namespace it runs in (`lora_path`, `cache_salt`, `extra_key`, as SGLang reads them).
+//! What a request's body asks for beyond its prompt: the `model` (and adapter) it must reach, the
+//! cache namespace it runs in (`lora_path`, `cache_salt`, `extra_key`, as SGLang reads them), and
+//! whether its answer streams.
 //!
 //! The body is read once for all four fields, borrowing its strings; fields of another type are
 //! left to the engine to refuse (the router routes on what it can read). A batch's `lora_path` is a
@@ -16,6 +17,8 @@ pub struct Asked {
     pub lora_path: Option<String>,
     pub cache_salt: Option<String>,
     pub extra_key: Option<String>,
+    /// `"stream": true`: the answer streams, so its first bytes mark the end of its prefill.
+    pub stream: bool,
 }
 
 #[derive(Deserialize)]
@@ -28,6 +31,8 @@ struct Fields<'a> {
     cache_salt: Option<Loose<'a>>,
     #[serde(borrow, default)]
     extra_key: Option<Loose<'a>>,
+    #[serde(default)]
+    stream: Option<Value>,
 }
 
 /// A string, or anything else (ignored).
@@ -63,6 +68,7 @@ impl Asked {
             lora_path: f.lora_path.and_then(Loose::string),
             cache_salt: f.cache_salt.and_then(Loose::string),
             extra_key: f.extra_key.and_then(Loose::string),
+            stream: f.stream == Some(Value::Bool(true)),
         }
     }
 }
@@ -80,6 +86,9 @@ mod tests {
         assert_eq!(a.cache_salt.as_deref(), Some("s"));
         assert_eq!(a.extra_key.as_deref(), Some("k"));
         assert_eq!(a.lora_path, None);
+        assert!(!a.stream);
+        assert!(Asked::of(br#"{"prompt":"x","stream":true}"#).stream);
+        assert!(!Asked::of(br#"{"prompt":"x","stream":"yes"}"#).stream);
         let batch = Asked::of(br#"{"text":["a","b"],"lora_path":[null,"a2","a3"]}"#);
         assert_eq!(batch.lora_path.as_deref(), Some("a2"));
         assert_eq!(Asked::of(br#"{"model":7}"#), Asked::default());

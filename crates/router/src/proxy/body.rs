@@ -58,7 +58,12 @@ impl HttpBody for GuardedBody {
                 }
                 return Poll::Ready(Some(Err(e)));
             }
-            _ => {}
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(g) = &mut self.guard {
+                    g.started();
+                }
+            }
+            Poll::Pending => {}
         }
         r
     }
