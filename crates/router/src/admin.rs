@@ -35,6 +35,10 @@ pub fn worker_json(st: &AppState, w: &Worker) -> Value {
         "eviction_regret": kv_events.get("eviction_regret").cloned().unwrap_or(Value::Null),
         "age_ms": if l.age_ms == u64::MAX { Value::Null } else { json!(l.age_ms) },
         "inflight": w.inflight(),
+        "queued_prefill_tokens": w
+            .pricing_at(st.cfg.load_signal, st.cfg.freshness_ms, w.now_ms())
+            .queued_tokens,
+        "unanswered_stream_tokens": w.unanswered_stream_tokens(),
         "healthy": w.is_healthy(),
         "breaker_open": w.breaker_open(),
         "no_load_reason": w.no_load_reason,

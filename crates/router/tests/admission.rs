@@ -81,6 +81,10 @@ async fn nothing_left(r: &RouterHandle, engine: &str) {
         worker_json(&c, &r.url(), engine).await["inflight"] == 0
     })
     .await;
+    assert_eq!(
+        worker_json(&c, &r.url(), engine).await["unanswered_stream_tokens"],
+        0
+    );
     let page = scrape(&c, &r.url()).await;
     assert_eq!(page.value("loadlink_admission_queued", &[]), Some(0.0));
 }

@@ -301,6 +301,11 @@ impl Worker {
         self.inflight.load(Relaxed)
     }
 
+    /// Uncached tokens of this router's streaming requests here with no answer bytes yet.
+    pub fn unanswered_stream_tokens(&self) -> u64 {
+        self.unstarted_tokens.load(Relaxed)
+    }
+
     /// Records one engine message for `rank` with sequence `seq`. Returns what the seq said.
     pub fn record(&self, rank: usize, seq: i64, snap: &LoadSnapshot) -> SeqEvent {
         self.record_at(rank, seq, snap, self.now_ms())
