@@ -109,9 +109,9 @@ impl Drop for InflightGuard {
         self.started();
         self.worker.inflight.fetch_sub(1, Relaxed);
         self.worker.inflight_tokens.fetch_sub(self.tokens, Relaxed);
-        if let Some(r) = self.rank.and_then(|r| self.worker.ranks.get(r as usize)) {
-            r.routed.inflight.fetch_sub(1, Relaxed);
-            r.routed.inflight_tokens.fetch_sub(self.tokens, Relaxed);
+        if let Some(r) = self.routed() {
+            r.inflight.fetch_sub(1, Relaxed);
+            r.inflight_tokens.fetch_sub(self.tokens, Relaxed);
         }
     }
 }
