@@ -1,6 +1,7 @@
 //! What a cost policy reads of one worker in one go: the queued prefill (engine backlog plus this
 //! router's dispatches since the snapshot, in tokens, and never less than its own streaming
-//! requests still unanswered), the measured prefill speed, KV usage and in-flight count. Lock-free: a handful of atomic loads, as [`Worker::load_at`].
+//! requests still unanswered), the measured prefill speed, KV usage and in-flight count.
+//! Lock-free: a handful of atomic loads, as [`Worker::load_at`].
 
 use super::{LoadSignal, Worker};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -10,8 +11,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pricing {
     /// Prompt tokens queued for prefill there: the engines' reported backlog plus what this router
-    /// dispatched since the oldest snapshot, at least its streaming requests with no answer yet. `None` when engine load is not usable (no range,
-    /// stale, or `--load-signal inflight`): price on in-flight instead.
+    /// dispatched since the oldest snapshot, at least its streaming requests with no answer yet.
+    /// `None` when engine load is not usable (no range, stale, or `--load-signal inflight`):
+    /// price on in-flight instead.
     pub queued_tokens: Option<u64>,
     /// µs per prefill token: measured from the snapshots' counters, [`PRIOR_US_PER_TOKEN`](super::prefill_rate::PRIOR_US_PER_TOKEN) until
     /// then.
