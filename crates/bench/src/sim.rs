@@ -377,6 +377,7 @@ impl Sim<'_> {
             .with_host_cached(&host)
             .with_cache_sizes(&sizes)
             .with_regret(self.caches[r].regret())
+            .with_reuse(self.caches[r].reuse())
             .with_chain(
                 &chain,
                 self.cfg.engines.first().map_or(16, |m| m.page_size) as u64,
@@ -418,7 +419,8 @@ impl Sim<'_> {
             }
             let uncached = submit.prompt_tokens.saturating_sub(cached[p]);
             self.reqs[i].guard = Some(InflightGuard::to_target(w, c.rank, uncached));
-            self.caches[r].dispatched(c, &chain, ms(t));
+            let deepest = cached.iter().copied().max().unwrap_or(0);
+            self.caches[r].dispatched(c, &chain, deepest, ms(t));
             self.adapter_dispatched(r, i, c, ms(t));
             unit = Some(self.unit_for(c));
         }

@@ -39,6 +39,8 @@ pub struct FleetView<'a> {
     pub regret: &'a [f32],
     /// The request's chain of page hashes (root first) and the tokens per page; empty: unknown.
     pub chain: (&'a [i64], u64),
+    /// This router's meter of reused prompt tails; `None`: unknown.
+    pub reuse: Option<&'a crate::cache::TailReuse>,
 }
 
 impl<'a> FleetView<'a> {
@@ -59,6 +61,7 @@ impl<'a> FleetView<'a> {
             adapter_costs: &[],
             regret: &[],
             chain: (&[], 0),
+            reuse: None,
         }
     }
 
@@ -117,6 +120,12 @@ impl<'a> FleetView<'a> {
     /// The view with the request's chain of page hashes, `block` tokens per page.
     pub fn with_chain(mut self, chain: &'a [i64], block: u64) -> Self {
         self.chain = (chain, block);
+        self
+    }
+
+    /// The view with this router's meter of reused prompt tails.
+    pub fn with_reuse(mut self, reuse: &'a crate::cache::TailReuse) -> Self {
+        self.reuse = Some(reuse);
         self
     }
 
@@ -242,6 +251,13 @@ impl View for FleetView<'_> {
         let (chain, block) = self.chain;
         let page = tokens.checked_div(block)?;
         chain.get(page as usize).map(|&h| h as u64)
+    }
+    fn tail_reused(&self, deepest: u64) -> bool {
+        let (chain, block) = self.chain;
+        match self.reuse {
+            Some(r) => r.expects_reuse(chain, block, deepest, self.now_ms),
+            None => deepest > 0,
+        }
     }
     #[inline]
     fn worker_key(&self, i: usize) -> u64 {

@@ -242,7 +242,7 @@ pub async fn forward(
     }
     view.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
-        view = view.with_lookup(l);
+        view = view.with_lookup(l).with_reuse(&st.cache.reuse);
     }
     let first = admission::admit(&st, &mut view, budget, |v| {
         dispatch(&st, v, lookup.as_ref(), asked.stream, 0)

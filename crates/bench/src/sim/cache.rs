@@ -11,7 +11,7 @@
 
 use super::ranks::Layout;
 use loadlink_engine::model::Submit;
-use loadlink_router::cache::{ApproxTree, KvIndex, Slot, TierMatch};
+use loadlink_router::cache::{ApproxTree, KvIndex, Slot, TailReuse, TierMatch};
 use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_router::policy::mix;
 use loadlink_wire::kv_events::{KvEvent, page_hashes};
@@ -58,6 +58,8 @@ pub(crate) struct RouterCache {
     host_depth: Vec<u32>,
     /// Per candidate of the last lookup, its eviction regret (0 unless the view is the index).
     regret: Vec<f32>,
+    /// Whether the tails of the prompts this replica placed get reused.
+    reuse: TailReuse,
 }
 
 impl RouterCache {
@@ -74,7 +76,13 @@ impl RouterCache {
             depth: Vec::new(),
             host_depth: Vec::new(),
             regret: Vec::new(),
+            reuse: TailReuse::default(),
         }
+    }
+
+    /// This replica's meter of reused prompt tails.
+    pub(crate) fn reuse(&self) -> &TailReuse {
+        &self.reuse
     }
 
     /// Per candidate of the last [`RouterCache::lookup`], its cache's eviction regret, 0–1 (a
@@ -102,8 +110,10 @@ impl RouterCache {
         }
     }
 
-    /// This replica dispatched `chain` to candidate `c` at `now_ms`.
-    pub(crate) fn dispatched(&mut self, c: Candidate, chain: &[i64], now_ms: u64) {
+    /// This replica dispatched `chain` to candidate `c` at `now_ms`; `deepest` tokens of it were
+    /// cached on some candidate.
+    pub(crate) fn dispatched(&mut self, c: Candidate, chain: &[i64], deepest: u64, now_ms: u64) {
+        self.reuse.record(chain, self.page_size, deepest, now_ms);
         if self.view == CacheView::Approx {
             let slot = self.approx_slot(c);
             self.tree.record(slot as Slot, chain, now_ms);
@@ -289,13 +299,14 @@ mod tests {
     fn the_approximate_tree_keeps_what_was_routed_to_a_rank_apart_from_what_went_to_the_engine() {
         let (ws, ranked) = fleet();
         let mut c = RouterCache::new(CacheView::Approx, 16, 1000, Layout::new(2, 4));
-        c.dispatched(ranked[3], &[1, 2], 0);
+        c.dispatched(ranked[3], &[1, 2], 0, 0);
         c.dispatched(
             Candidate {
                 worker: 1,
                 rank: None,
             },
             &[1],
+            0,
             0,
         );
         let (mut cached, mut host, mut sizes) = (Vec::new(), Vec::new(), Vec::new());

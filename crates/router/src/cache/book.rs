@@ -100,6 +100,8 @@ pub struct CacheBook {
     pub counters: CacheCounters,
     /// What this router sent to workers priced from the approximate tree (see `lookup.rs`).
     pub(crate) approx: ApproxSlots,
+    /// Whether the tails of the prompts this router placed get reused ([`super::reuse`]).
+    pub reuse: super::TailReuse,
 }
 
 impl Default for CacheBook {
@@ -124,6 +126,7 @@ impl CacheBook {
             }),
             counters: CacheCounters::default(),
             approx: ApproxSlots::default(),
+            reuse: super::TailReuse::default(),
         }
     }
 

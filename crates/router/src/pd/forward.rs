@@ -114,7 +114,7 @@ async fn attempt_pairs(
     pview.targets = sides.prefill.targets_for(pmodel.set, pranked);
     pview.pinned_rank = client_rank.rank();
     if let Some(l) = &lookup {
-        pview = pview.with_lookup(l);
+        pview = pview.with_lookup(l).with_reuse(&st.cache.reuse);
     }
     let mut dview = FleetView::new(&sides.decode.workers, cfg.load_signal, cfg.freshness_ms);
     dview.targets = sides.decode.targets_for(dmodel.set, dranked);

@@ -74,6 +74,9 @@ pub struct FleetCtx {
     /// prefix, the one every replica picks for this prompt (rendezvous hashing of its first
     /// uncached page); `None` when the request's pages are unknown.
     pub home: Option<usize>,
+    /// Whether the uncached part is likely to be wanted again before it is indexed
+    /// ([`View::tail_reused`]): only then does leaving the home cost anything.
+    pub home_kept: bool,
 }
 
 impl FleetCtx {
@@ -82,14 +85,17 @@ impl FleetCtx {
         max_cached: 0,
         rho_bar: None,
         home: None,
+        home_kept: false,
     };
 
     /// One pass over the available candidates; `held(i)` is what candidate i holds of the prompt
     /// (the cached tokens the TTFT term counts as hits).
     #[inline]
     pub fn of<V: View>(view: &V, held: impl Fn(&V, usize) -> u64) -> Self {
-        let (mut max_cached, mut num, mut den) = (0u64, 0.0, 0.0);
+        let (mut max_cached, mut deepest_any, mut num, mut den) = (0u64, 0u64, 0.0, 0.0);
         for i in 0..view.len() {
+            // What the index holds anywhere, as the router records it after the pick.
+            deepest_any = deepest_any.max(view.cached_tokens(i));
             if !view.available(i) {
                 continue;
             }
@@ -100,22 +106,28 @@ impl FleetCtx {
                 den += w;
             }
         }
-        let home = view.prefix_key(max_cached).and_then(|key| {
-            let holders =
-                (0..view.len()).filter(|&i| view.available(i) && held(view, i) >= max_cached);
-            holders.max_by_key(|&i| mix(key ^ view.worker_key(i)))
-        });
+        let home_kept = view.tail_reused(deepest_any);
+        let home = match home_kept {
+            true => view.prefix_key(max_cached).and_then(|key| {
+                let holders =
+                    (0..view.len()).filter(|&i| view.available(i) && held(view, i) >= max_cached);
+                holders.max_by_key(|&i| mix(key ^ view.worker_key(i)))
+            }),
+            false => None,
+        };
         FleetCtx {
             max_cached,
             rho_bar: (den > 0.0).then(|| num / den),
             home,
+            home_kept,
         }
     }
 
-    /// Whether there is anything to price: some candidate caches something and some ρ is known.
+    /// Whether there is anything to price: some ρ is known, and some candidate caches something
+    /// or the request has a home.
     #[inline]
     pub fn active(&self) -> bool {
-        self.max_cached > 0 && self.rho_bar.is_some()
+        self.rho_bar.is_some() && (self.max_cached > 0 || self.home.is_some())
     }
 
     /// The fleet's seconds of candidate `i`: the recompute it causes and the evictions it
@@ -129,7 +141,7 @@ impl FleetCtx {
         let m = externality(rho.max(rho_bar));
         let deepest = self.max_cached.min(prompt);
         let moved = deepest.saturating_sub(cached);
-        // Away from home, the part nobody caches yet is made where the session's next requests
+        // Away from home, the part nobody caches yet is made where the next requests extending it
         // (placed by other replicas, before this one is indexed) will not look for it.
         let strayed = match self.home {
             Some(h) if h != i => prompt - deepest,

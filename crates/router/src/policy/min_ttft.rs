@@ -224,9 +224,9 @@ impl MinTtft {
             AdapterPricing::Aware => self.adapter_s(view, i, &p),
             AdapterPricing::Blind => 0.0,
         };
-        let fleet_s = match fleet.max_cached {
-            0 => 0.0,
-            _ => fleet.extra_s(view, i, prompt, self.held(view, i).min(prompt), s_tok),
+        let fleet_s = match fleet.active() {
+            true => fleet.extra_s(view, i, prompt, self.held(view, i).min(prompt), s_tok),
+            false => 0.0,
         };
         queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty + fleet_s
     }

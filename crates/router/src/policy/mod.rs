@@ -107,6 +107,13 @@ pub trait View {
     fn prefix_key(&self, _tokens: u64) -> Option<u64> {
         None
     }
+    /// Whether the part of this request's prompt past `deepest` tokens (the deepest prefix any
+    /// candidate caches) is likely to be wanted by another request before it is indexed
+    /// ([`crate::cache::reuse`]). Without that evidence: whenever something is cached (the
+    /// price before the evidence was kept).
+    fn tail_reused(&self, deepest: u64) -> bool {
+        deepest > 0
+    }
     /// A key of candidate i that every router replica computes alike (its URL and rank).
     fn worker_key(&self, i: usize) -> u64 {
         i as u64
