@@ -195,7 +195,7 @@ impl CacheBook {
     }
 
     /// The plain `loadlink_kv_*` counters: (name, help, value).
-    fn counter_rows(&self, dropped: u64) -> [(&'static str, &'static str, u64); 14] {
+    fn counter_rows(&self, dropped: u64) -> [(&'static str, &'static str, u64); 15] {
         let c = &self.counters;
         [
             (
@@ -227,6 +227,11 @@ impl CacheBook {
                 "loadlink_kv_index_dropped_blocks_total",
                 "Blocks refused at the index bound (their ranks need a resync)",
                 dropped,
+            ),
+            (
+                "loadlink_tail_reuse_refused_total",
+                "Prompt tails and prefixes the tail-reuse meter could not count (its slot held another in use); uncounted ones price as before the meter",
+                self.reuse.refused(),
             ),
             (
                 "loadlink_kv_batches_total",

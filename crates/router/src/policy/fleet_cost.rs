@@ -33,8 +33,8 @@
 //! share of that pool's evictions that were needed again ([`View::eviction_regret`]) will be
 //! recomputed later, which is work at the same price: `(1 + M) · evicted · regret · s`.
 //!
-//! **Home.** The part of the prompt nobody caches yet is where the session's (or the group's) next
-//! requests will want it. Near saturation those often arrive before this one is prefilled and
+//! **Home.** The part of the prompt nobody caches yet (its tail) is where the next requests
+//! extending it will want it. Near saturation those often arrive before this one is prefilled and
 //! indexed, through other replicas that see no holder yet, and a replica that sends each to the
 //! least busy worker scatters one session over the fleet, each copy recomputing its history (the
 //! same collapse, started from a cold cache or a burst instead of a brief imbalance). So the
@@ -44,6 +44,13 @@
 //! extending the same prefix. Anywhere else, that uncached part is priced as moved work too: an
 //! upper bound on the duplicate (it assumes the next request comes before this one is indexed),
 //! negligible at low load, where `M` is. Where the holder is unique, it is the home.
+//!
+//! **Only where tails get reused** ([`View::tail_reused`], the router's
+//! [`crate::cache::TailReuse`]). Where no request ever extends a tail (a prefix group's
+//! questions), the home is a random per-request preference, and near saturation `M` turns it into
+//! a wall that holds requests on busier workers: no home then. With nothing cached, a prompt
+//! whose first page another request began recently has a home among all candidates (the cold
+//! start of a group or an agent kind), so the first requests of a prefix are computed once.
 //!
 //! **Hysteresis.** Among the candidates within the tie band, the ones holding the deepest prefix
 //! are preferred: a session (or a prefix group) moves only when the move gains more than the band

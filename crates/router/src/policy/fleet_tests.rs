@@ -32,6 +32,8 @@ struct Fleet {
     /// The request's first uncached page's key, and each worker's replica-independent key.
     page_key: Option<u64>,
     keys: Vec<u64>,
+    /// What the tail-reuse meter says; `None`: the default (whenever something is cached).
+    tail: Option<bool>,
 }
 
 impl View for Fleet {
@@ -74,6 +76,9 @@ impl View for Fleet {
     fn worker_key(&self, i: usize) -> u64 {
         self.keys.get(i).copied().unwrap_or(i as u64)
     }
+    fn tail_reused(&self, deepest: u64) -> bool {
+        self.tail.unwrap_or(deepest > 0)
+    }
 }
 
 fn fleet(prompt: u64, w: Vec<F>) -> Fleet {
@@ -82,6 +87,7 @@ fn fleet(prompt: u64, w: Vec<F>) -> Fleet {
         w,
         page_key: None,
         keys: Vec::new(),
+        tail: None,
     }
 }
 
@@ -115,6 +121,7 @@ fn session(rho: f64, busier_s: f64) -> Fleet {
         ],
         page_key: None,
         keys: Vec::new(),
+        tail: None,
     }
 }
 
@@ -197,6 +204,7 @@ fn regretted_evictions_tip_a_tie_to_the_worker_with_room() {
         ],
         page_key: None,
         keys: Vec::new(),
+        tail: None,
     };
     assert!((0..200).all(|e| aware().pick(&f, e) == Some(1)));
     assert!((0..200).any(|e| blind().pick(&f, e) == Some(0)));
@@ -266,4 +274,55 @@ fn replicas_agree_on_a_home_for_what_nobody_caches_near_saturation() {
     f.w.iter_mut().for_each(|x| x.queued_s = 0.3);
     f.w[2].queued_s = 0.0;
     assert!((0..50).all(|e| aware().pick(&f, e) == Some(2)));
+}
+
+/// The picks of `f` over 64 prompts (first uncached pages) and 50 replicas' entropies each.
+fn picks_by_prompt(f: &mut Fleet) -> Vec<std::collections::HashSet<usize>> {
+    (0..64u64)
+        .map(|prompt| {
+            f.page_key = Some(mix(prompt));
+            (0..50).map(|e| aware().pick(f, e).unwrap()).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_group_whose_questions_nobody_reuses_goes_to_the_least_busy_holder() {
+    // A prefix group's 2,048 tokens on all four workers, a 128-token question; worker 1 is 0.3 s
+    // less busy; ρ 0.95, where the home's price for 128 tokens (M · 128 · s) is 4.9 s.
+    let w = |q: f64| F {
+        queued_s: q,
+        cached: 2_048,
+        rho: Some(0.95),
+        ..W
+    };
+    let mut f = fleet(2_176, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
+    f.keys = vec![11, 22, 33, 44];
+    f.tail = Some(true);
+    let homes = picks_by_prompt(&mut f);
+    assert!(homes.iter().all(|p| p.len() == 1), "a home per question");
+    assert!(homes.iter().any(|p| !p.contains(&1)), "held on busier homes");
+    f.tail = Some(false);
+    let picks = picks_by_prompt(&mut f);
+    assert!(picks.iter().all(|p| p.len() == 1 && p.contains(&1)), "{picks:?}");
+}
+
+#[test]
+fn with_nothing_cached_a_prompt_someone_began_gets_a_home_and_one_nobody_shares_does_not() {
+    let w = |q: f64| F {
+        queued_s: q,
+        rho: Some(0.9),
+        ..W
+    };
+    let mut f = fleet(2_176, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
+    f.keys = vec![11, 22, 33, 44];
+    f.tail = Some(true);
+    let homes = picks_by_prompt(&mut f);
+    assert!(homes.iter().all(|p| p.len() == 1), "every replica agrees");
+    let spread: std::collections::HashSet<usize> = homes.iter().flatten().copied().collect();
+    assert_eq!(spread.len(), 4, "prefixes spread over the homes");
+    f.tail = Some(false);
+    for e in 0..50 {
+        assert_eq!(aware().pick(&f, e), blind().pick(&f, e), "plain TTFT");
+    }
 }
