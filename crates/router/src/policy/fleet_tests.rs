@@ -301,10 +301,16 @@ fn a_group_whose_questions_nobody_reuses_goes_to_the_least_busy_holder() {
     f.tail = Some(true);
     let homes = picks_by_prompt(&mut f);
     assert!(homes.iter().all(|p| p.len() == 1), "a home per question");
-    assert!(homes.iter().any(|p| !p.contains(&1)), "held on busier homes");
+    assert!(
+        homes.iter().any(|p| !p.contains(&1)),
+        "held on busier homes"
+    );
     f.tail = Some(false);
     let picks = picks_by_prompt(&mut f);
-    assert!(picks.iter().all(|p| p.len() == 1 && p.contains(&1)), "{picks:?}");
+    assert!(
+        picks.iter().all(|p| p.len() == 1 && p.contains(&1)),
+        "{picks:?}"
+    );
 }
 
 #[test]
