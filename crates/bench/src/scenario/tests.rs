@@ -163,8 +163,10 @@ fn cache_aware_variants_see_the_caches_and_the_clairvoyant_bounds_them() {
         hit(&blind)
     );
     // The hot prefix piles onto one worker under in-flight cache_aware, not under the cost
-    // policy.
-    assert!(spiral_q.hot_fraction > 0.1 && cost_q.hot_fraction < 0.05);
+    // policy. The cost policy's only hot samples are its cold start (3 s here, while the hot
+    // tenant's first requests go to their home until its prompt is indexed).
+    assert!(spiral_q.hot_fraction > 0.5 && spiral_q.hot_longest_s > 10.0);
+    assert!(cost_q.hot_fraction < 0.1 && cost_q.hot_longest_s <= 3.0);
     assert!(wait_p99(&cost) < 0.5 * wait_p99(&spiral));
     assert!(wait_p99(&bound) <= wait_p99(&cost) && wait_p99(&bound) <= wait_p99(&blind));
 }
