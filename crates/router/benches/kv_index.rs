@@ -97,6 +97,20 @@ fn bench(c: &mut Criterion) {
             tree.record(5, black_box(&prompt), now);
         })
     });
+    // The tail-reuse meter, per request: the policy's question and the record after the pick
+    // (a group's prefix of 128 pages cached, each request a new tail).
+    let meter = loadlink_router::cache::TailReuse::default();
+    let mut chain = prompt[..129].to_vec();
+    let mut k = 0u64;
+    c.bench_function("tail_reuse_expects_and_record", |b| {
+        b.iter(|| {
+            k += 1;
+            chain[128] = loadlink_router::policy::mix(k) as i64;
+            let yes = meter.expects_reuse(black_box(&chain), 16, 128 * 16, k);
+            meter.record(&chain, 16, 128 * 16, k);
+            yes
+        })
+    });
 }
 
 /// Blocks of the slot cleared while lookups run.

@@ -241,14 +241,7 @@ fn without_hits_or_without_utilisation_the_picks_are_todays() {
 fn replicas_agree_on_a_home_for_what_nobody_caches_near_saturation() {
     // Four workers all hold a 2,000-token system prompt; the session's 5,000 tokens of history
     // are cached nowhere yet. The least busy worker differs by 0.3 s.
-    let w = |q: f64| F {
-        queued_s: q,
-        cached: 2_000,
-        rho: Some(0.9),
-        ..W
-    };
-    let mut f = fleet(7_000, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
-    f.keys = vec![11, 22, 33, 44];
+    let mut f = four(7_000, 2_000, 0.9);
     let homes: std::collections::HashSet<usize> = (0..64u64)
         .map(|session| {
             f.page_key = Some(mix(session));
@@ -276,6 +269,20 @@ fn replicas_agree_on_a_home_for_what_nobody_caches_near_saturation() {
     assert!((0..50).all(|e| aware().pick(&f, e) == Some(2)));
 }
 
+/// Four workers caching `cached` tokens of a `prompt`-token request at utilisation `rho`, worker
+/// 1 the least busy by 0.3 s, each with its own replica-independent key.
+fn four(prompt: u64, cached: u64, rho: f64) -> Fleet {
+    let w = |q: f64| F {
+        queued_s: q,
+        cached,
+        rho: Some(rho),
+        ..W
+    };
+    let mut f = fleet(prompt, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
+    f.keys = vec![11, 22, 33, 44];
+    f
+}
+
 /// The picks of `f` over 64 prompts (first uncached pages) and 50 replicas' entropies each.
 fn picks_by_prompt(f: &mut Fleet) -> Vec<std::collections::HashSet<usize>> {
     (0..64u64)
@@ -290,14 +297,7 @@ fn picks_by_prompt(f: &mut Fleet) -> Vec<std::collections::HashSet<usize>> {
 fn a_group_whose_questions_nobody_reuses_goes_to_the_least_busy_holder() {
     // A prefix group's 2,048 tokens on all four workers, a 128-token question; worker 1 is 0.3 s
     // less busy; ρ 0.95, where the home's price for 128 tokens (M · 128 · s) is 4.9 s.
-    let w = |q: f64| F {
-        queued_s: q,
-        cached: 2_048,
-        rho: Some(0.95),
-        ..W
-    };
-    let mut f = fleet(2_176, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
-    f.keys = vec![11, 22, 33, 44];
+    let mut f = four(2_176, 2_048, 0.95);
     f.tail = Some(true);
     let homes = picks_by_prompt(&mut f);
     assert!(homes.iter().all(|p| p.len() == 1), "a home per question");
@@ -315,13 +315,7 @@ fn a_group_whose_questions_nobody_reuses_goes_to_the_least_busy_holder() {
 
 #[test]
 fn with_nothing_cached_a_prompt_someone_began_gets_a_home_and_one_nobody_shares_does_not() {
-    let w = |q: f64| F {
-        queued_s: q,
-        rho: Some(0.9),
-        ..W
-    };
-    let mut f = fleet(2_176, vec![w(0.3), w(0.0), w(0.3), w(0.3)]);
-    f.keys = vec![11, 22, 33, 44];
+    let mut f = four(2_176, 0, 0.9);
     f.tail = Some(true);
     let homes = picks_by_prompt(&mut f);
     assert!(homes.iter().all(|p| p.len() == 1), "every replica agrees");
