@@ -79,11 +79,9 @@ pub struct FleetCtx {
     pub rho_bar: Option<f64>,
     /// Where the part of the prompt nobody caches belongs: of the candidates holding the deepest
     /// prefix, the one every replica picks for this prompt (rendezvous hashing of its first
-    /// uncached page); `None` when the request's pages are unknown.
+    /// uncached page); `None` when the request's pages are unknown, or when that part is not
+    /// likely to be wanted again before it is indexed ([`View::tail_reused`]).
     pub home: Option<usize>,
-    /// Whether the uncached part is likely to be wanted again before it is indexed
-    /// ([`View::tail_reused`]): only then does leaving the home cost anything.
-    pub home_kept: bool,
 }
 
 impl FleetCtx {
@@ -92,7 +90,6 @@ impl FleetCtx {
         max_cached: 0,
         rho_bar: None,
         home: None,
-        home_kept: false,
     };
 
     /// One pass over the available candidates; `held(i)` is what candidate i holds of the prompt
@@ -113,8 +110,7 @@ impl FleetCtx {
                 den += w;
             }
         }
-        let home_kept = view.tail_reused(deepest_any);
-        let home = match home_kept {
+        let home = match view.tail_reused(deepest_any) {
             true => view.prefix_key(max_cached).and_then(|key| {
                 let holders =
                     (0..view.len()).filter(|&i| view.available(i) && held(view, i) >= max_cached);
@@ -126,7 +122,6 @@ impl FleetCtx {
             max_cached,
             rho_bar: (den > 0.0).then(|| num / den),
             home,
-            home_kept,
         }
     }
 
