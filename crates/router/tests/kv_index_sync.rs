@@ -11,8 +11,9 @@
 use loadlink_router::LoadSignal;
 use loadlink_router::RouterHandle;
 use loadlink_testkit::{
-    KvEngine, TcpRelay, complete_ok, engine, engine_blocks, kv_engine, kv_engine_config, router,
-    scrape, server_info_front, wait_for, wait_index_matches, wait_until, worker_json,
+    KvEngine, TcpRelay, complete_ok, engine, engine_blocks, kv_engine, kv_engine_config,
+    kv_engine_then, router, scrape, server_info_front, wait_for, wait_index_matches, wait_until,
+    worker_json,
 };
 use loadlink_wire::kv_events::page_hashes;
 use serde_json::json;
@@ -108,22 +109,17 @@ async fn the_index_matches_the_engine_after_churn_with_eviction() {
 /// An engine (replay buffer of `buffer_steps` batches) behind a relay, and a router subscribed
 /// through it, already in sync.
 async fn relayed(buffer_steps: u32) -> (KvEngine, TcpRelay, String, RouterHandle) {
-    let base = loadlink_publish::free_port_block(3).unwrap();
-    let engine = engine(|cfg| {
+    let tweak = |cfg: &mut loadlink_engine::EngineConfig| {
         cfg.time_scale = 50.0;
         cfg.model.page_size = PAGE;
-        kv_engine_config(cfg, base);
+    };
+    let e = kv_engine_then(tweak, |cfg| {
         let mut kv: serde_json::Value =
-            serde_json::from_str(cfg.kv_events_config.as_deref().unwrap()).unwrap();
+            serde_json::from_str(cfg.kv_events_config.as_deref().unwrap_or("{}")).unwrap();
         kv["buffer_steps"] = json!(buffer_steps);
         cfg.kv_events_config = Some(kv.to_string());
     })
     .await;
-    let e = KvEngine {
-        engine,
-        kv_port: base,
-        replay_port: base + 2,
-    };
     let c = reqwest::Client::new();
     let relay = TcpRelay::start(e.kv_port).await;
     let front = server_info_front(&c, &e.engine.url(), relay.port).await;

@@ -32,21 +32,51 @@ pub fn kv_engine_config(cfg: &mut EngineConfig, base: u16) {
 
 /// Starts an engine with KV events and replay on a free port block; `tweak` adjusts the config
 /// first (dp_size included).
-pub async fn kv_engine(tweak: impl FnOnce(&mut EngineConfig)) -> KvEngine {
-    let mut ports = (0, 0);
-    let engine = engine(|cfg| {
-        tweak(cfg);
-        let dp = u16::try_from(cfg.dp_size).expect("dp_size fits a port");
-        let base = free_port_block(3 * dp).expect("a free port block");
-        kv_engine_config(cfg, base);
-        ports = (base, base + 2 * dp);
-    })
-    .await;
-    KvEngine {
-        engine,
-        kv_port: ports.0,
-        replay_port: ports.1,
+pub async fn kv_engine(tweak: impl Fn(&mut EngineConfig)) -> KvEngine {
+    kv_engine_then(tweak, |_| {}).await
+}
+
+/// [`kv_engine`], with `after` adjusting the config once the KV-events settings are in. A block another test took between the probe and the engine's bind
+/// leaves the engine without KV events (it declines them with a warning); that start is discarded
+/// and another block tried.
+pub async fn kv_engine_then(
+    tweak: impl Fn(&mut EngineConfig),
+    after: impl Fn(&mut EngineConfig),
+) -> KvEngine {
+    let c = reqwest::Client::new();
+    for _ in 0..KV_BIND_ATTEMPTS {
+        let mut ports = (0, 0);
+        let engine = engine(|cfg| {
+            tweak(cfg);
+            let dp = u16::try_from(cfg.dp_size).expect("dp_size fits a port");
+            let base = free_port_block(3 * dp).expect("a free port block");
+            kv_engine_config(cfg, base);
+            after(cfg);
+            ports = (base, base + 2 * dp);
+        })
+        .await;
+        if publishes_kv(&c, &engine.url()).await {
+            return KvEngine {
+                engine,
+                kv_port: ports.0,
+                replay_port: ports.1,
+            };
+        }
+        engine.stop().await;
     }
+    panic!("no free KV port block held until the engine bound it in {KV_BIND_ATTEMPTS} tries")
+}
+
+/// Starts of an engine [`kv_engine`] makes before giving up on free port blocks.
+pub const KV_BIND_ATTEMPTS: usize = 5;
+
+/// Whether every rank of the engine at `engine_url` publishes KV events (`/cache_blocks` gives
+/// each a `seq`; null where the KV sockets could not be bound).
+pub async fn publishes_kv(c: &reqwest::Client, engine_url: &str) -> bool {
+    let v = get_json(c, &format!("{engine_url}/cache_blocks")).await;
+    v["ranks"]
+        .as_array()
+        .is_some_and(|rs| !rs.is_empty() && rs.iter().all(|r| r["seq"].is_i64()))
 }
 
 /// The engine's own cache per rank (`GET /cache_blocks`), each sorted.

@@ -66,7 +66,7 @@ pub use http::{complete, complete_ok, get_json, get_text, post, post_json};
 pub use kv::KvEvents;
 pub use kv_sync::{
     KvEngine, TcpRelay, bare_kv_fleet, engine_blocks, engine_cut, kv_engine, kv_engine_config,
-    router_blocks, server_info_front, wait_index_matches,
+    kv_engine_then, publishes_kv, router_blocks, server_info_front, wait_index_matches,
 };
 pub use metrics::scrape;
 pub use pub_sink::snapshot_pub;
