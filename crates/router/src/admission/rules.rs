@@ -141,6 +141,21 @@ impl<V: View> View for Capped<'_, V> {
     fn eviction_regret(&self, i: usize) -> f64 {
         self.inner.eviction_regret(i)
     }
+    fn adapter_cost(&self, i: usize) -> crate::adapters::AdapterCost {
+        self.inner.adapter_cost(i)
+    }
+    fn pending_transfers(&self, i: usize) -> Option<i64> {
+        self.inner.pending_transfers(i)
+    }
+    fn prefix_key(&self, tokens: u64) -> Option<u64> {
+        self.inner.prefix_key(tokens)
+    }
+    fn worker_key(&self, i: usize) -> u64 {
+        self.inner.worker_key(i)
+    }
+    fn tail_reused(&self, deepest: u64) -> bool {
+        self.inner.tail_reused(deepest)
+    }
     fn price(&self, i: usize) -> crate::policy::Price {
         self.inner.price(i)
     }
@@ -290,6 +305,37 @@ mod tests {
         fn queued_prefill_s(&self, i: usize) -> Option<f64> {
             self.0[i].2
         }
+        fn prefix_key(&self, tokens: u64) -> Option<u64> {
+            Some(tokens + 7)
+        }
+        fn worker_key(&self, i: usize) -> u64 {
+            100 + i as u64
+        }
+        fn tail_reused(&self, deepest: u64) -> bool {
+            deepest == 3
+        }
+        fn pending_transfers(&self, i: usize) -> Option<i64> {
+            Some(i as i64)
+        }
+        fn adapter_cost(&self, i: usize) -> crate::adapters::AdapterCost {
+            crate::adapters::AdapterCost {
+                load_s: i as f64,
+                ..crate::adapters::AdapterCost::RESIDENT
+            }
+        }
+    }
+
+    #[test]
+    fn a_capped_view_answers_what_the_policy_reads_as_its_inner_view_does() {
+        // The home (prefix and worker keys, tail reuse) and adapter costs are priced under caps
+        // as without them.
+        let v = V(vec![(Some(1), 0.2, Some(0.1)); 2]);
+        let cfg = cfg(Overload::Reject);
+        let c = Capped::new(&v, &cfg);
+        assert_eq!(c.prefix_key(5), Some(12));
+        assert_eq!((c.worker_key(1), c.pending_transfers(1)), (101, Some(1)));
+        assert!(c.tail_reused(3) && !c.tail_reused(4));
+        assert_eq!(c.adapter_cost(1), v.adapter_cost(1));
     }
 
     fn cfg(overload: Overload) -> AdmissionConfig {
