@@ -249,8 +249,7 @@ impl View for FleetView<'_> {
     #[inline]
     fn prefix_key(&self, tokens: u64) -> Option<u64> {
         let (chain, block) = self.chain;
-        let page = tokens.checked_div(block)?;
-        chain.get(page as usize).map(|&h| h as u64)
+        crate::cache::reuse::tail_key(chain, block, tokens)
     }
     fn tail_reused(&self, deepest: u64) -> bool {
         let (chain, block) = self.chain;

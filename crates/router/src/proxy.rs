@@ -267,6 +267,9 @@ pub async fn forward(
         let ticket = adapter
             .map(|id| AdapterTicket::dispatched(&st.fleet.adapters, worker, rank, id, view.now_ms));
         if let Some(l) = &lookup {
+            if attempt == 0 {
+                st.cache.record_placed(l, view.now_ms);
+            }
             st.cache.record_dispatch(l, view.targets, idx, view.now_ms);
             worker.count_prefix_on(rank, l.prompt.prompt_tokens, l.cached[idx]);
         }

@@ -214,14 +214,19 @@ impl CacheBook {
         }
     }
 
-    /// The request of `l` went to candidate `i` of `targets` at `now_ms`: its worker's approximate
-    /// tree remembers it (in the rank's slot when it was routed to a rank) when the candidate is
-    /// priced from it (not when the worker has left the fleet since).
-    pub fn record_dispatch(&self, l: &Lookup, targets: Candidates<'_>, i: usize, now_ms: u64) {
+    /// The request of `l` was placed at `now_ms` (once per request, not per retry): the tail-reuse
+    /// meter counts its tail ([`super::reuse`]).
+    pub fn record_placed(&self, l: &Lookup, now_ms: u64) {
         if let Some((block, chain)) = l.prompt.any_chain() {
             let deepest = l.cached.iter().copied().max().unwrap_or(0);
             self.reuse.record(chain, block, deepest, now_ms);
         }
+    }
+
+    /// The request of `l` went to candidate `i` of `targets` at `now_ms`: its worker's approximate
+    /// tree remembers it (in the rank's slot when it was routed to a rank) when the candidate is
+    /// priced from it (not when the worker has left the fleet since).
+    pub fn record_dispatch(&self, l: &Lookup, targets: Candidates<'_>, i: usize, now_ms: u64) {
         let tree_priced = l.approx.get(i).copied().unwrap_or(false);
         let chain = l.prompt.hashed(l.tree_page).unwrap_or_default();
         if !(tree_priced || l.sent_sizes) || chain.is_empty() || i >= targets.len() {

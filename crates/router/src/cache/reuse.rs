@@ -160,9 +160,10 @@ pub fn deepest_page_key(chain: &[i64], block: u64, cached_tokens: u64) -> Option
     chain.get(last).map(|&h| h as u64)
 }
 
-/// The key of the page holding token `cached_tokens`: the tail's first page.
+/// The key of the page holding token `cached_tokens` (the tail's first page); `None` beyond the
+/// chain.
 #[inline]
-fn tail_key(chain: &[i64], block: u64, cached_tokens: u64) -> Option<u64> {
+pub fn tail_key(chain: &[i64], block: u64, cached_tokens: u64) -> Option<u64> {
     let page = usize::try_from(cached_tokens.checked_div(block)?).ok()?;
     chain.get(page).map(|&h| h as u64)
 }

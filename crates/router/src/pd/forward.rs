@@ -143,14 +143,17 @@ async fn attempt_pairs(
         let (Some(pl), Some(dl)) = (p.take(), d.take()) else {
             break;
         };
-        attempted = true;
         let (pw, prank) = (pview.worker(pl.idx).clone(), pview.targets.rank(pl.idx));
         let (dw, drank) = (dview.worker(dl.idx).clone(), dview.targets.rank(dl.idx));
         if let Some(l) = &lookup {
+            if !attempted {
+                st.cache.record_placed(l, pview.now_ms);
+            }
             st.cache
                 .record_dispatch(l, pview.targets, pl.idx, pview.now_ms);
             pw.count_prefix_on(prank, l.prompt.prompt_tokens, l.cached[pl.idx]);
         }
+        attempted = true;
         let rooms: Vec<u64> = (0..shape.batch.unwrap_or(1))
             .map(|_| fresh_room())
             .collect();
