@@ -4,10 +4,9 @@
 //! and after a forced publisher overflow (a one-slot queue and a burst) a SUB sees the seq hole
 //! while a later snapshot still equals `/cache_blocks`.
 
-use loadlink_publish::free_port_block;
 use loadlink_testkit::kv_snapshot::snapshot;
 use loadlink_testkit::{
-    KvEngine, KvEvents, complete_ok, engine, get_json, kv_engine, scrape, wait_until,
+    KvEngine, complete_ok, get_json, kv_engine, kv_engine_then, scrape, wait_until,
 };
 use loadlink_wire::kv_snapshot::split_epoch_topic;
 use serde_json::{Value, json};
@@ -145,27 +144,23 @@ async fn dropped(c: &reqwest::Client, url: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_forced_overflow_a_sub_sees_the_hole_and_a_snapshot_still_matches() {
-    // KV events with replay and a one-slot queue (`max_queue_size: 1`).
-    let base = free_port_block(3).unwrap(); // KV, the load range, replay
-    let (kv_port, replay_port) = (base, base + 2);
-    let mut kv = json!({"max_queue_size": 1});
-    let plain: Value =
-        serde_json::from_str(&KvEvents::zmq(kv_port).replay(replay_port).json()).unwrap();
-    for (k, v) in plain.as_object().unwrap() {
-        kv[k] = v.clone();
-    }
-    let e = KvEngine {
-        engine: engine(|cfg| {
+    // KV events with replay and a one-slot queue (`max_queue_size: 1`), on ports the engine
+    // bound (kv_engine retries a block another test took meanwhile).
+    let e = kv_engine_then(
+        |cfg| {
             // Steps as fast as the rank thread can go, and a pool for every prompt at once.
             cfg.time_scale = 1e6;
             cfg.model.max_total_tokens = 4_000_000;
             cfg.model.max_running_requests = 64;
+        },
+        |cfg| {
+            let mut kv: Value =
+                serde_json::from_str(cfg.kv_events_config.as_deref().unwrap_or("{}")).unwrap();
+            kv["max_queue_size"] = json!(1);
             cfg.kv_events_config = Some(kv.to_string());
-        })
-        .await,
-        kv_port,
-        replay_port,
-    };
+        },
+    )
+    .await;
     let url = e.engine.url();
     let c = reqwest::Client::new();
     // A SUB with no receive HWM, joined on the first batch a request causes.
@@ -174,7 +169,8 @@ async fn after_a_forced_overflow_a_sub_sees_the_hole_and_a_snapshot_still_matche
         let s = ctx.socket(zmq::SUB).unwrap();
         s.set_rcvhwm(0).unwrap();
         s.set_subscribe(b"").unwrap();
-        s.connect(&format!("tcp://127.0.0.1:{kv_port}")).unwrap();
+        s.connect(&format!("tcp://127.0.0.1:{}", e.kv_port))
+            .unwrap();
         s
     };
     let mut i = 0u32;
