@@ -33,7 +33,9 @@ def test_router_sigterm_drains_the_open_stream_and_refuses_new_connections():
         assert first.startswith(b"data: "), first
         sent = time.monotonic()
         router.send_signal(signal.SIGTERM)
-        # New connections are refused while the stream drains.
+        # New connections are refused while the stream drains. A probe that races the listener's
+        # close is reset rather than refused: the kernel had queued it, or the server closed it
+        # unanswered as shutdown began (urllib raises that one unwrapped, as RemoteDisconnected).
         refused = False
         while time.monotonic() - sent < 10 and not refused:
             try:
@@ -41,6 +43,8 @@ def test_router_sigterm_drains_the_open_stream_and_refuses_new_connections():
                 time.sleep(0.02)
             except urllib.error.URLError as e:
                 refused = isinstance(e.reason, ConnectionRefusedError)
+            except ConnectionResetError:
+                pass
         assert refused, "the router kept accepting connections after SIGTERM"
         rest = resp.read()
         assert router.poll() is None or rest, "the stream was cut"
