@@ -124,11 +124,14 @@ pub struct SimConfig {
     pub pd: Option<PdFleet>,
 }
 
+#[derive(Default)]
 struct Req {
     arrived: f64,
     /// The scheduler (rank unit) that served it.
     unit: usize,
     first: Option<f64>,
+    /// The cached prefix its prefilling engine admitted it with (the tokens it did not prefill).
+    hit: u64,
     done: Option<f64>,
     guard: Option<InflightGuard>,
     /// The replica that routed it, its candidate, and when (ms).
@@ -279,6 +282,7 @@ impl Sim<'_> {
     fn step_done(&mut self, e: usize, t: f64) {
         let (events, started) = self.engines[e].step_done(t);
         for ev in events {
+            self.note_hit(e, &ev);
             if self.pd_event(e, &ev, t) {
                 continue;
             }
@@ -472,11 +476,7 @@ pub fn simulate_with_queues(
             .iter()
             .map(|a| Req {
                 arrived: a.t,
-                unit: 0,
-                first: None,
-                done: None,
-                guard: None,
-                routed: None,
+                ..Req::default()
             })
             .collect(),
         out: Outcome::default(),

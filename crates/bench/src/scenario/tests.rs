@@ -193,3 +193,33 @@ fn min_ttft_prices_a_slow_engine_as_slow() {
     );
     assert!(cost < 0.9 * p2c, "min_ttft {cost} vs backlog P2C {p2c}");
 }
+
+#[test]
+fn a_wait_is_the_ttft_beyond_the_requests_own_uncached_prefill() {
+    // At low load nothing queues for long: each request's TTFT is about its own prefill, and the
+    // hits make that prefill shorter than the whole prompt's. A floor of the whole prompt would
+    // make every hit a negative wait.
+    let mut s = by_name("s3").unwrap();
+    s.duration_s = 60.0;
+    let arrivals = arrivals(&s, 1, 0.3);
+    let v = CACHE_VARIANTS
+        .iter()
+        .find(|v| v.label == "min_ttft / kv-index")
+        .unwrap();
+    let (o, _) = run_arrivals(&s, &arrivals, v);
+    assert_eq!(o.completed, arrivals.len(), "everything finishes");
+    assert!(o.cache_hit_rate().unwrap() > 0.3);
+    let waits = o.waits();
+    let lowest = waits.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(lowest >= -1e-9, "a wait below 0: {lowest}");
+    let whole = |k: usize| crate::sim::isolated_ttft(s.model, arrivals[k].prompt_tokens);
+    let shorter = (0..o.completed)
+        .filter(|&k| o.ttft_floor[k] < whole(k) - 1e-6)
+        .count();
+    assert!(
+        shorter > o.completed / 4,
+        "{shorter} of {} floors left hits out",
+        o.completed
+    );
+    assert!(crate::sim::quantile(&waits, 0.5) < 0.05);
+}

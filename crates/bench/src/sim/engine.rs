@@ -82,6 +82,11 @@ impl SimEngine {
         self.publisher.source().sched.num_waiting() + self.inbox.len()
     }
 
+    /// The cached prefix request `id` was admitted with here (`None`: not admitted here).
+    pub(crate) fn admitted_hit(&self, id: u64) -> Option<u64> {
+        self.publisher.source().sched.admitted_hit(id)
+    }
+
     /// Lifetime `(cached, prompt)` tokens of the engine's admissions.
     pub(crate) fn cache_totals(&self) -> (u64, u64) {
         self.publisher.source().sched.cache_totals()

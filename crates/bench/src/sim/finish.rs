@@ -3,8 +3,20 @@
 
 use super::engine::SimEngine;
 use super::{Outcome, QueueStats, Sim, isolated_ttft};
+use loadlink_engine::model::Event;
 
 impl Sim<'_> {
+    /// At a request's first token on the engine that prefilled it: the cached prefix it was
+    /// admitted with there, which its own prefill (the floor below) leaves out.
+    pub(super) fn note_hit(&mut self, e: usize, ev: &Event) {
+        if let Event::FirstToken { id } = *ev {
+            let r = &mut self.reqs[id as usize];
+            if r.unit == e {
+                r.hit = self.engines[e].admitted_hit(id).unwrap_or(0);
+            }
+        }
+    }
+
     /// The run's outcome and queue figures.
     pub(super) fn finish(mut self) -> (Outcome, QueueStats) {
         let (cfg, arrivals, layout) = (self.cfg, self.arrivals, self.layout);
@@ -18,9 +30,11 @@ impl Sim<'_> {
                 out.e2e.push(d - r.arrived);
                 let e = layout.engine_of(r.unit);
                 let prompt = arrivals[i].prompt_tokens;
-                let floor = *floors.entry((e, prompt)).or_insert_with(|| {
-                    isolated_ttft(cfg.engines[e], prompt) + sim.pd_floor(prompt)
-                });
+                // Its own prefill: the tokens it did not find cached (at least one is computed).
+                let own = prompt.saturating_sub(r.hit).max(1);
+                let floor = *floors
+                    .entry((e, prompt, own))
+                    .or_insert_with(|| isolated_ttft(cfg.engines[e], own) + sim.pd_floor(prompt));
                 out.ttft_floor.push(floor);
                 let output = arrivals[i].output_tokens;
                 if output >= 2 {

@@ -112,8 +112,19 @@ impl Sim<'_> {
         self.out.decisions += 1;
         let p = Hashed::new(submit, &self.engines);
         if oracle == Oracle::Priced {
-            let extra = self.fleet_seconds(i, &p, t);
-            return priced(&self.engines, &p, t, &extra);
+            let (extra, deepest) = self.fleet_seconds(i, &p, t);
+            let pick = priced(&self.engines, &p, t, &extra);
+            // The replica's tail-reuse meter learns from the oracle's placements as it does from
+            // the production policy's ([`super::cache::RouterCache::dispatched`]).
+            let chain = self
+                .engines
+                .first()
+                .and_then(|e| p.chain(e.model().page_size));
+            if let (Some(chain), Some(c)) = (chain, self.caches.get(i % self.caches.len().max(1))) {
+                let page = chain_page(&self.engines);
+                c.reuse().record(&chain.hashes, page, deepest, super::ms(t));
+            }
+            return pick;
         }
         if oracle != Oracle::Lookahead {
             return pick(oracle, &self.engines, &p, t);
@@ -162,9 +173,10 @@ impl Sim<'_> {
     }
 
     /// Per unit, the fleet's seconds `min_ttft` charges for placing `p` there
-    /// ([`FleetCtx::extra_s`]), on request `i`'s router replica's books at `t` and the exact
-    /// will-be-cached prefixes (0 everywhere while no utilisation is known).
-    fn fleet_seconds(&self, i: usize, p: &Hashed<'_>, t: f64) -> Vec<f64> {
+    /// ([`FleetCtx::extra_s`]), on request `i`'s router replica's books and tail-reuse meter at
+    /// `t` and the exact will-be-cached prefixes (0 everywhere while no utilisation is known);
+    /// and the deepest of those prefixes, tokens.
+    fn fleet_seconds(&self, i: usize, p: &Hashed<'_>, t: f64) -> (Vec<f64>, u64) {
         let r = i % self.books.len().max(1);
         let m = matches(&self.engines, p);
         // The books are per engine; a unit stands for its engine (its deepest rank's prefix).
@@ -180,18 +192,33 @@ impl Sim<'_> {
         // looks nothing up, so the pollution term stays 0 here (the recompute term is exact).
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
             .with_prefix(prompt, &cached);
+        let chain = self
+            .engines
+            .first()
+            .and_then(|e| p.chain(e.model().page_size));
+        if let (Some(chain), Some(c)) = (chain, self.caches.get(r)) {
+            view = view
+                .with_reuse(c.reuse())
+                .with_chain(&chain.hashes, chain_page(&self.engines));
+        }
         view.now_ms = super::ms(t);
         let ctx = FleetCtx::of(&view, |v, e| {
             loadlink_router::policy::View::cached_tokens(v, e)
         });
-        (0..self.engines.len())
+        let extra = (0..self.engines.len())
             .map(|u| {
                 let s_tok = recompute_s(&self.engines[u], 1);
                 let e = self.layout.engine_of(u);
                 ctx.extra_s(&view, e, prompt, m[u], s_tok)
             })
-            .collect()
+            .collect();
+        (extra, m.iter().copied().max().unwrap_or(0))
     }
+}
+
+/// The fleet's first page size (the chain the routers' meters key on), tokens.
+fn chain_page(engines: &[SimEngine]) -> u64 {
+    engines.first().map_or(16, |e| e.model().page_size) as u64
 }
 
 /// The engine minimising its exact TTFT plus `extra` seconds (the engines holding most of the

@@ -25,8 +25,9 @@ pub const HOT_QUEUE_MIN: f64 = 4.0;
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub ttft: Vec<f64>,
-    /// Each request's TTFT on an idle engine of its kind (its own prefill): what no router can
-    /// remove. Same order as `ttft`.
+    /// Each request's TTFT on an idle engine of its kind for the tokens it did not find cached
+    /// (its own prefill): what is left of its TTFT once the queueing is gone, so TTFT minus this
+    /// is its wait. Same order as `ttft`.
     pub ttft_floor: Vec<f64>,
     /// Each completed request's arrival time, virtual seconds. Same order as `ttft`.
     pub arrived: Vec<f64>,

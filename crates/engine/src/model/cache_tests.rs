@@ -215,3 +215,34 @@ fn queued_match_sees_prompts_waiting_and_running_until_the_cache_takes_them() {
     assert_eq!(s.queued_match(&chain), 0, "finished: no longer queued");
     assert_eq!(s.prefix_cache().matched_tokens(&chain), 8, "now cached");
 }
+
+#[test]
+fn a_running_request_reports_the_cached_prefix_it_was_admitted_with() {
+    // Page 4: turn 1 caches its 10 prompt tokens and 2 outputs (12 tokens); turn 2 extends it and
+    // is admitted with those 12 tokens cached, which it keeps reporting until it finishes.
+    let mut s = Scheduler::new(cfg(4, 10_000));
+    let turn1 = ids(100..110);
+    s.submit(Submit::tokens(1, turn1.clone(), 3));
+    let mut now = drain(&mut s, 0.0);
+    assert_eq!(s.admitted_hit(1), None, "finished");
+    let mut turn2: Vec<u32> = turn1.to_vec();
+    turn2.extend([OUTPUT_TOKEN; 3]);
+    turn2.extend(50..56);
+    s.submit(Submit::tokens(2, turn2.into(), 4));
+    assert_eq!(s.admitted_hit(2), None, "waiting, not admitted");
+    let first = loop {
+        let st = s.step(now);
+        now += st.duration;
+        if st.events.contains(&Event::FirstToken { id: 2 }) {
+            break s.admitted_hit(2);
+        }
+        assert!(
+            st.kind != StepKind::Idle,
+            "turn 2 never got its first token"
+        );
+    };
+    assert_eq!(first, Some(12));
+    assert_eq!(s.admitted_hit(7), None, "never submitted");
+    drain(&mut s, now);
+    assert_eq!(s.admitted_hit(2), None);
+}

@@ -279,6 +279,14 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// The cached prefix request `id` was admitted with (tokens it did not prefill); `None` for
+    /// a request not admitted here (waiting, finished, or another engine's).
+    pub fn admitted_hit(&self, id: u64) -> Option<u64> {
+        (self.running.iter().chain(self.chunked.as_ref()))
+            .find(|r| r.id == id)
+            .map(|r| r.shared)
+    }
+
     /// Waiting requests, including a partly prefilled one and those whose KV arrived from a
     /// prefill engine but that wait for room (SGLang's decode waiting queue).
     pub fn num_waiting(&self) -> usize {
