@@ -24,7 +24,8 @@
 //!   --fleet-pricing aware` charges a placement ([`FleetCtx::extra_s`]: the recompute it causes,
 //!   at the congestion externality `M(ρ̃)` of the engine's utilisation as the routers' books
 //!   measure it), with the exact will-be-cached prefixes (no eviction regret: see
-//!   [`Sim::fleet_seconds`]). It is
+//!   [`Sim::fleet_seconds`]) and the home only where the replica's tail-reuse meter expects the
+//!   tail to be reused (the meter learns from the oracle's own placements). It is
 //!   the production policy's own pricing on an exact TTFT, so a production policy that beats the
 //!   bound does it by predicting worse, which an oracle must not lose to.
 //! * [`Oracle::Lookahead`]: where greedy's engine g and the holder h differ, it rolls the fleet
@@ -116,13 +117,11 @@ impl Sim<'_> {
             let pick = priced(&self.engines, &p, t, &extra);
             // The replica's tail-reuse meter learns from the oracle's placements as it does from
             // the production policy's ([`super::cache::RouterCache::dispatched`]).
-            let chain = self
-                .engines
-                .first()
-                .and_then(|e| p.chain(e.model().page_size));
-            if let (Some(chain), Some(c)) = (chain, self.caches.get(i % self.caches.len().max(1))) {
-                let page = chain_page(&self.engines);
-                c.reuse().record(&chain.hashes, page, deepest, super::ms(t));
+            let r = i % self.caches.len().max(1);
+            if let (Some((chain, page)), Some(c)) =
+                (meter_chain(&self.engines, &p), self.caches.get(r))
+            {
+                c.reuse().record(chain, page, deepest, super::ms(t));
             }
             return pick;
         }
@@ -192,14 +191,9 @@ impl Sim<'_> {
         // looks nothing up, so the pollution term stays 0 here (the recompute term is exact).
         let mut view = FleetView::new(&self.books[r], self.cfg.signal, self.cfg.freshness_ms)
             .with_prefix(prompt, &cached);
-        let chain = self
-            .engines
-            .first()
-            .and_then(|e| p.chain(e.model().page_size));
-        if let (Some(chain), Some(c)) = (chain, self.caches.get(r)) {
-            view = view
-                .with_reuse(c.reuse())
-                .with_chain(&chain.hashes, chain_page(&self.engines));
+        if let (Some((chain, page)), Some(c)) = (meter_chain(&self.engines, p), self.caches.get(r))
+        {
+            view = view.with_reuse(c.reuse()).with_chain(chain, page);
         }
         view.now_ms = super::ms(t);
         let ctx = FleetCtx::of(&view, |v, e| {
@@ -216,9 +210,11 @@ impl Sim<'_> {
     }
 }
 
-/// The fleet's first page size (the chain the routers' meters key on), tokens.
-fn chain_page(engines: &[SimEngine]) -> u64 {
-    engines.first().map_or(16, |e| e.model().page_size) as u64
+/// The prompt's page hashes at the fleet's first page size and that size: what the routers'
+/// tail-reuse meters key on (`None`: a prompt known only by its length).
+fn meter_chain<'p>(engines: &[SimEngine], p: &'p Hashed<'_>) -> Option<(&'p [i64], u64)> {
+    let page = engines.first()?.model().page_size;
+    p.chain(page).map(|c| (c.hashes.as_slice(), page as u64))
 }
 
 /// The engine minimising its exact TTFT plus `extra` seconds (the engines holding most of the
