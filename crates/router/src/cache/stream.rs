@@ -65,7 +65,7 @@ pub enum View {
     /// slot holds what was replayed and what came since, not what the engine cached before.
     NoSnapshot = 2,
     /// The engine's snapshot failed (error, timeout or malformed) and the replay could not fill
-    /// the hole; the next gap or restart asks again.
+    /// the hole; it is asked again after a backoff (sooner on the next gap or restart).
     SnapshotFailed = 3,
     /// Events were lost and nothing could fill them (replays failed or backed off).
     Gap = 4,

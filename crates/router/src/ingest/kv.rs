@@ -244,8 +244,8 @@ impl KvStreams {
         running
     }
 
-    /// The once-a-second sweep: drains quiet sockets (a missed edge), follows load restarts, and
-    /// sends due probe replays.
+    /// The once-a-second sweep: drains quiet sockets (a missed edge), follows load restarts, sends
+    /// due probe replays, and asks again for a snapshot a failed one left owed.
     pub fn sweep(&mut self, epoll: &Epoll, ctx: &FleetContext, quiet: Duration) {
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
@@ -254,6 +254,7 @@ impl KvStreams {
                 self.revisit.push(KV_TAG | i as u64);
             }
             s.follow_load_restart(epoll, ctx, i);
+            s.retry_snapshot_if_due(epoll, ctx, i);
         }
     }
 }

@@ -239,6 +239,16 @@ impl Stream {
         self.recover(epoll, ctx, i);
     }
 
+    /// Asks again for the snapshot a view still owes (it failed, or a gap nothing could fill)
+    /// once the backoff has passed. The sweep calls it: on a stream that went quiet no live batch
+    /// would reveal the hole again, and the view would stay incomplete for good.
+    pub(super) fn retry_snapshot_if_due(&mut self, epoll: &Epoll, ctx: &FleetContext, i: usize) {
+        let owed = matches!(self.k.stats.view(), View::SnapshotFailed | View::Gap);
+        if owed && self.replay.is_none() && self.snapshots_possible() {
+            self.recover(epoll, ctx, i);
+        }
+    }
+
     /// Takes `epoch` as the engine lifetime the slot follows.
     pub(super) fn adopt_epoch(&mut self, epoch: u64) {
         self.epoch = Some(epoch);
