@@ -28,6 +28,7 @@ mod engine;
 mod events;
 mod finish;
 mod lookahead;
+mod marginal;
 mod models;
 pub mod oracle;
 #[cfg(test)]

@@ -150,9 +150,11 @@ pub struct SimArgs {
     /// The sweep's loads: FROM:TO:STEP (inclusive) or a comma-separated list.
     #[arg(long, value_parser = crate::bench_sweep::parse_loads)]
     loads: Option<crate::bench_sweep::Loads>,
-    /// Also run the oracles (simulation only, perfect knowledge; slow) and report their bound.
-    #[arg(long)]
-    oracles: bool,
+    /// Also run the oracles (simulation only, perfect knowledge; slow) and report their bound:
+    /// every one of the family, or those named (`--oracles marginal,greedy`; the names are the
+    /// sweep's labels without `oracle `).
+    #[arg(long, num_args = 0..=1, default_missing_value = "all", value_parser = crate::bench_sweep::parse_oracles)]
+    oracles: Option<crate::bench_sweep::OracleSet>,
     /// With `--variants cache`: one run at 80% load with a 30 s burst to 120% from 300 s, and
     /// how fast each policy's p50 (10 s windows) comes back within 20% of its pre-burst value.
     #[arg(long)]
@@ -233,7 +235,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
                 .loads
                 .clone()
                 .map_or_else(crate::bench_sweep::default_loads, |l| l.0),
-            oracles: a.oracles,
+            oracles: a.oracles.clone(),
             threads: a
                 .threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

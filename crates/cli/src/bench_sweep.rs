@@ -17,9 +17,34 @@ use std::path::Path;
 /// What a sweep or burst run was asked for.
 pub(crate) struct SweepPlan<'a> {
     pub loads: Vec<f64>,
-    pub oracles: bool,
+    pub oracles: Option<OracleSet>,
     pub threads: usize,
     pub out: &'a Path,
+}
+
+/// `--oracles`, parsed: the oracles to run, as variants.
+#[derive(Debug, Clone)]
+pub(crate) struct OracleSet(pub Vec<Variant>);
+
+/// Parses `--oracles`: `all`, or a comma-separated list of the family's names.
+pub(crate) fn parse_oracles(s: &str) -> Result<OracleSet, String> {
+    let family = sweep_oracles();
+    if s == "all" {
+        return Ok(OracleSet(family));
+    }
+    let name = |v: &Variant| v.label.trim_start_matches("oracle ").to_string();
+    s.split(',')
+        .map(|want| {
+            (family.iter().find(|v| name(v) == want.trim()).copied()).ok_or_else(|| {
+                let names: Vec<String> = family.iter().map(name).collect();
+                format!(
+                    "--oracles {want:?}: expected all or some of {}",
+                    names.join(", ")
+                )
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(OracleSet)
 }
 
 /// `--loads`, parsed.
@@ -70,10 +95,10 @@ pub(crate) fn default_loads() -> Vec<f64> {
     SWEEP_LOADS.to_vec()
 }
 
-fn variants(oracles: bool) -> Vec<Variant> {
+fn variants(oracles: &Option<OracleSet>) -> Vec<Variant> {
     let mut v = SWEEP_VARIANTS.to_vec();
-    if oracles {
-        v.extend(sweep_oracles());
+    if let Some(o) = oracles {
+        v.extend(o.0.iter().copied());
     }
     v
 }
@@ -92,7 +117,7 @@ fn commit() -> String {
 
 /// The sweep: table, acceptance check, `{scenario}-sweep-seed{seed}.json`.
 pub(crate) fn run(s: &Scenario, seed: u64, plan: &SweepPlan) -> Result<()> {
-    let vs = variants(plan.oracles);
+    let vs = variants(&plan.oracles);
     let progress = |load: f64, label: &str| {
         eprint!("\rsweep: load {load:.2} {label:<32}");
         let _ = std::io::stderr().flush();
@@ -141,7 +166,7 @@ pub(crate) fn burst(s: &Scenario, seed: u64, b: &Burst, plan: &SweepPlan) -> Res
         b.base * 100.0,
         a.len()
     );
-    let vs = variants(plan.oracles);
+    let vs = variants(&plan.oracles);
     let got = sweep::par_map(&vs, plan.threads, |v| {
         let (o, _) = scenario::run_arrivals(s, &a, v);
         recovery::recovery(v.label, &o, b, s.duration_s)

@@ -35,6 +35,12 @@
 //!   window costs less ([`lookahead`]: summed TTFT plus the queue debt left at its end). Elsewhere
 //!   it is greedy (which then is a holder, or there is none).
 //!
+//! * [`Oracle::Marginal`]: the least it adds to the summed first-token time of every request
+//!   owed one on the engine, its own included ([`super::marginal`]). The others price only this
+//!   request's first token; SGLang's longest-prefix-first queue lets a request whose prefix an
+//!   engine holds pass the requests waiting there, and what that costs them is what the wait tail
+//!   is made of past cache-blind capacity.
+//!
 //! Forks are bounded as in [`clairvoyant`]: an engine whose recompute charge alone reaches the
 //! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
 //! at most what Greedy does and Sticky(∞) forks only when there is no single holder.
@@ -65,10 +71,13 @@ pub enum Oracle {
     /// Greedy, except where greedy's engine is not the holder: then the better of the two by a
     /// rollout of the fleet over the window with its known arrivals ([`lookahead`]).
     Lookahead,
+    /// The least added summed TTFT of everyone owed a first token on the engine, this request's
+    /// own included ([`marginal`]).
+    Marginal,
 }
 
 /// The family the bound is the per-metric best of, with the labels sweeps print.
-pub const ORACLES: [(&str, SimRouter); 8] = [
+pub const ORACLES: [(&str, SimRouter); 9] = [
     ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
     (
         "oracle sticky k=1",
@@ -94,6 +103,7 @@ pub const ORACLES: [(&str, SimRouter); 8] = [
     ),
     ("oracle priced", SimRouter::Oracle(Oracle::Priced)),
     ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
+    ("oracle marginal", SimRouter::Oracle(Oracle::Marginal)),
 ];
 
 /// Per arrival, its prompt's page chain at the fleet's first page size, hashed once when a
@@ -246,6 +256,7 @@ pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f
     match oracle {
         Oracle::Greedy => clairvoyant::pick(engines, p, now),
         Oracle::Sticky { kappa } => sticky(engines, p, now, kappa),
+        Oracle::Marginal => super::marginal::pick(engines, p, now),
         // Without the routers' books or the future arrivals (a caller outside the simulation):
         // greedy.
         Oracle::Priced | Oracle::Lookahead => clairvoyant::pick(engines, p, now),

@@ -5,6 +5,7 @@
 use super::clairvoyant::{Hashed, first_token_in};
 use super::engine::SimEngine;
 use super::lookahead::{self, Window};
+use super::marginal;
 use super::oracle::{self, ORACLES, Oracle, matches, recompute_s};
 use super::{CacheView, Outcome, SimRouter};
 use crate::scenario::{Scenario, Variant, arrivals, by_name, run_arrivals};
@@ -250,4 +251,45 @@ fn at_high_load_the_locality_oracles_keep_more_hits_than_greedy() {
         kappa: f64::INFINITY,
     }));
     assert!(sticky > greedy, "sticky k=inf {sticky} vs greedy {greedy}");
+}
+
+#[test]
+fn marginal_picks_the_least_added_summed_ttft_of_unpruned_forks() {
+    let s = small_s3(3, 25.0);
+    let mut fleet = Fleet::new(s.engines, s.model);
+    let (mut decided, mut alone, mut not_greedy) = (0, 0, 0);
+    for (i, a) in arrivals(&s, 5, 1.0).iter().enumerate() {
+        fleet.advance(a.t);
+        let submit = Submit::tokens(i as u64, a.prompt.clone().unwrap(), a.output_tokens);
+        let p = Hashed::new(&submit, &fleet.engines);
+        let cost: Vec<f64> = (fleet.engines.iter())
+            .map(|e| marginal::cost_within(e, &p, a.t, f64::INFINITY))
+            .collect();
+        for (e, engine) in fleet.engines.iter().enumerate() {
+            let (sched, _) = engine.fork(a.t);
+            if sched.awaiting_first_token().next().is_none() {
+                // Nobody else is owed a first token there: the cost is its own TTFT alone.
+                assert_eq!(
+                    cost[e],
+                    first_token_in(engine, &submit, a.t),
+                    "decision {i}"
+                );
+                alone += 1;
+            }
+        }
+        let pick = oracle::pick(Oracle::Marginal, &fleet.engines, &p, a.t);
+        let least = cost.iter().copied().fold(f64::INFINITY, f64::min);
+        let n = cost.len();
+        let first = (0..n).map(|k| (i + k) % n).find(|&e| cost[e] == least);
+        assert_eq!(Some(pick), first.or(Some(i % n)), "decision {i}: {cost:?}");
+        not_greedy += usize::from(pick != oracle::pick(Oracle::Greedy, &fleet.engines, &p, a.t));
+        decided += 1;
+        fleet.send(pick, submit, a.t);
+    }
+    assert!(
+        decided > 200 && alone > 0,
+        "{decided} decisions, {alone} alone"
+    );
+    // At cache-blind capacity what a placement costs the others changes decisions.
+    assert!(not_greedy > 0, "marginal always agreed with greedy");
 }

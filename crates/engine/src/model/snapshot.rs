@@ -18,6 +18,14 @@ impl Scheduler {
                 .map_or(0, |r| r.prefill_target() - r.prefilled)
     }
 
+    /// The requests still owed their first token: queued ones (a retracted one already had it)
+    /// and the one being prefilled in chunks.
+    pub fn awaiting_first_token(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.waiting.iter().chain(self.chunked.as_ref()))
+            .filter(|r| !r.retracted)
+            .map(|r| r.id)
+    }
+
     /// `(cached, prompt)` tokens of every admission so far: the lifetime hit rate's terms.
     pub fn cache_totals(&self) -> (u64, u64) {
         (self.stats.hit_tokens, self.stats.prompt_tokens)
