@@ -199,3 +199,34 @@ pub(crate) fn burst(s: &Scenario, seed: u64, b: &Burst, plan: &SweepPlan) -> Res
     println!("wrote {}", path.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oracles_are_all_or_the_named_ones_and_a_wrong_name_lists_the_family() {
+        let all = parse_oracles("all").unwrap().0;
+        assert_eq!(all, sweep_oracles());
+        let some = parse_oracles("marginal, greedy").unwrap().0;
+        let labels: Vec<&str> = some.iter().map(|v| v.label).collect();
+        assert_eq!(labels, ["oracle marginal", "oracle greedy"]);
+        let e = parse_oracles("marginal,psychic").unwrap_err();
+        assert!(
+            e.contains("\"psychic\"") && e.contains("sticky k=inf"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn loads_are_a_range_or_a_list() {
+        assert_eq!(parse_loads("0.5:0.6:0.05").unwrap().0, [0.5, 0.55, 0.6]);
+        assert_eq!(parse_loads("0.8,1").unwrap().0, [0.8, 1.0]);
+        assert!(
+            parse_loads("0.8:0.5:0.1")
+                .unwrap_err()
+                .contains("FROM:TO:STEP")
+        );
+        assert!(parse_loads("fast").is_err());
+    }
+}
