@@ -77,6 +77,11 @@ impl SimEngine {
         self.sched().set_disaggregation(mode, link_gb_s);
     }
 
+    /// Requests in the running batch.
+    pub(crate) fn num_running(&self) -> usize {
+        self.publisher.source().sched.num_running()
+    }
+
     /// Requests waiting, including those not taken in yet.
     pub(crate) fn num_waiting(&self) -> usize {
         self.publisher.source().sched.num_waiting() + self.inbox.len()

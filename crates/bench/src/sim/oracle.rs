@@ -20,8 +20,10 @@
 //!   the queueing it inflicts on others near saturation; κ = ∞ never leaves a holder. Without a
 //!   holder (nothing of the prompt anywhere) it is greedy. Tied holders: the soonest of them.
 //!
-//! * [`Oracle::Priced`]: the lowest exact TTFT plus the fleet's seconds `min_ttft
-//!   --fleet-pricing aware` charges a placement ([`FleetCtx::extra_s`]: the recompute it causes,
+//! * [`Oracle::Priced`]: the lowest exact TTFT plus the rest of `min_ttft`'s price: the
+//!   per-request weight of the requests running or waiting there (`REQUEST_TOKENS_WEIGHT` tokens
+//!   of prefill each: the batch the request will share, which its own first token does not see)
+//!   and the fleet's seconds `min_ttft --fleet-pricing aware` charges a placement ([`FleetCtx::extra_s`]: the recompute it causes,
 //!   at the congestion externality `M(ρ̃)` of the engine's utilisation as the routers' books
 //!   measure it), with the exact will-be-cached prefixes (no eviction regret: see
 //!   [`Sim::fleet_seconds`]) and the home only where the replica's tail-reuse meter expects the
@@ -51,6 +53,7 @@ use super::lookahead::{self, Window};
 use super::{DirectTarget, Sim, SimRouter};
 use loadlink_engine::model::{ModelConfig, Submit};
 use loadlink_engine::radix::PageChain;
+use loadlink_router::book::REQUEST_TOKENS_WEIGHT;
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::fleet_cost::FleetCtx;
 use loadlink_router::policy::mix;
@@ -64,9 +67,10 @@ pub enum Oracle {
     /// token beats it by more than `kappa` × the recompute the move causes (`f64::INFINITY`:
     /// never leave a holder).
     Sticky { kappa: f64 },
-    /// The lowest exact TTFT plus the seconds `min_ttft --fleet-pricing aware` charges the fleet
-    /// for the placement (the recompute it causes at the congestion externality, read from the
-    /// routers' books): the production pricing on an exact TTFT.
+    /// The lowest exact TTFT plus the rest of `min_ttft`'s price: the per-request weight of the
+    /// requests there, and the seconds `--fleet-pricing aware` charges the fleet for the
+    /// placement (the recompute it causes at the congestion externality, read from the routers'
+    /// books): the production pricing on an exact TTFT.
     Priced,
     /// Greedy, except where greedy's engine is not the holder: then the better of the two by a
     /// rollout of the fleet over the window with its known arrivals ([`lookahead`]).
@@ -123,7 +127,14 @@ impl Sim<'_> {
         self.out.decisions += 1;
         let p = Hashed::new(submit, &self.engines);
         if oracle == Oracle::Priced {
-            let (extra, deepest) = self.fleet_seconds(i, &p, t);
+            let (mut extra, deepest) = self.fleet_seconds(i, &p, t);
+            // The rest of the production price: each running or waiting request weighs
+            // `REQUEST_TOKENS_WEIGHT` tokens of prefill there (the batch slots and decode steps
+            // this request will share), which an exact first token does not see.
+            for (x, e) in extra.iter_mut().zip(&self.engines) {
+                let requests = (e.num_running() + e.num_waiting()) as f64;
+                *x += requests * recompute_s_of(e.model(), REQUEST_TOKENS_WEIGHT as u64);
+            }
             let pick = priced(&self.engines, &p, t, &extra);
             // The replica's tail-reuse meter learns from the oracle's placements as it does from
             // the production policy's ([`super::cache::RouterCache::dispatched`]).
