@@ -40,10 +40,10 @@ pub(crate) fn cost_within(engine: &SimEngine, p: &Hashed<'_>, now: f64, limit: f
     owed_seconds(with, t, now, owed, base + limit) - base
 }
 
-/// The engine where `p` adds the least summed TTFT plus `extra` seconds (per engine; missing: 0),
-/// ties rotating with the request id. Engines holding most of the prompt are priced first: they
-/// are usually the cheapest, and the forks after them stop sooner.
-pub(crate) fn pick(engines: &[SimEngine], p: &Hashed<'_>, now: f64, extra: &[f64]) -> usize {
+/// The engine where `p` adds the least summed TTFT (ties rotate with the request id). Engines
+/// holding most of the prompt are priced first: they are usually the cheapest, and the forks
+/// after them stop sooner.
+pub(crate) fn pick(engines: &[SimEngine], p: &Hashed<'_>, now: f64) -> usize {
     let n = engines.len().max(1);
     let start = (p.submit.id % n as u64) as usize;
     let m = super::oracle::matches(engines, p);
@@ -52,11 +52,7 @@ pub(crate) fn pick(engines: &[SimEngine], p: &Hashed<'_>, now: f64, extra: &[f64
     order.sort_unstable_by_key(|&e| (std::cmp::Reverse(m[e]), rot(e)));
     let mut best: (f64, Option<usize>) = (f64::INFINITY, None);
     for e in order {
-        let charge = extra.get(e).copied().unwrap_or(0.0);
-        if charge >= best.0 {
-            continue; // even adding nothing to the others would not pay for it
-        }
-        let c = cost_within(&engines[e], p, now, best.0 - charge) + charge;
+        let c = cost_within(&engines[e], p, now, best.0);
         let tie_first = c == best.0 && best.1.is_some_and(|b| rot(e) < rot(b));
         if c < best.0 || tie_first {
             best = (c, Some(e));

@@ -41,8 +41,7 @@
 //!   owed one on the engine, its own included ([`super::marginal`]). The others price only this
 //!   request's first token; SGLang's longest-prefix-first queue lets a request whose prefix an
 //!   engine holds pass the requests waiting there, and what that costs them is what the wait tail
-//!   is made of past cache-blind capacity. [`Oracle::MarginalPriced`] adds the rest of the
-//!   production price to it, as [`Oracle::Priced`] does to an exact first token.
+//!   is made of past cache-blind capacity.
 //!
 //! Forks are bounded as in [`clairvoyant`]: an engine whose recompute charge alone reaches the
 //! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
@@ -79,13 +78,10 @@ pub enum Oracle {
     /// The least added summed TTFT of everyone owed a first token on the engine, this request's
     /// own included ([`marginal`]).
     Marginal,
-    /// [`Oracle::Marginal`]'s cost plus the rest of `min_ttft`'s price, as [`Oracle::Priced`]
-    /// adds it to an exact first token.
-    MarginalPriced,
 }
 
 /// The family the bound is the per-metric best of, with the labels sweeps print.
-pub const ORACLES: [(&str, SimRouter); 10] = [
+pub const ORACLES: [(&str, SimRouter); 9] = [
     ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
     (
         "oracle sticky k=1",
@@ -112,10 +108,6 @@ pub const ORACLES: [(&str, SimRouter); 10] = [
     ("oracle priced", SimRouter::Oracle(Oracle::Priced)),
     ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
     ("oracle marginal", SimRouter::Oracle(Oracle::Marginal)),
-    (
-        "oracle marginal priced",
-        SimRouter::Oracle(Oracle::MarginalPriced),
-    ),
 ];
 
 /// Per arrival, its prompt's page chain at the fleet's first page size, hashed once when a
@@ -134,7 +126,7 @@ impl Sim<'_> {
     ) -> usize {
         self.out.decisions += 1;
         let p = Hashed::new(submit, &self.engines);
-        if matches!(oracle, Oracle::Priced | Oracle::MarginalPriced) {
+        if oracle == Oracle::Priced {
             let (mut extra, deepest) = self.fleet_seconds(i, &p, t);
             // The rest of the production price: each running or waiting request weighs
             // `REQUEST_TOKENS_WEIGHT` tokens of prefill there (the batch slots and decode steps
@@ -143,10 +135,7 @@ impl Sim<'_> {
                 let requests = (e.num_running() + e.num_waiting()) as f64;
                 *x += requests * recompute_s_of(e.model(), REQUEST_TOKENS_WEIGHT as u64);
             }
-            let pick = match oracle {
-                Oracle::Priced => priced(&self.engines, &p, t, &extra),
-                _ => super::marginal::pick(&self.engines, &p, t, &extra),
-            };
+            let pick = priced(&self.engines, &p, t, &extra);
             // The replica's tail-reuse meter learns from the oracle's placements as it does from
             // the production policy's ([`super::cache::RouterCache::dispatched`]).
             let r = i % self.caches.len().max(1);
@@ -278,8 +267,7 @@ pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f
     match oracle {
         Oracle::Greedy => clairvoyant::pick(engines, p, now),
         Oracle::Sticky { kappa } => sticky(engines, p, now, kappa),
-        // Without the routers' books (a caller outside the simulation): unpriced.
-        Oracle::Marginal | Oracle::MarginalPriced => super::marginal::pick(engines, p, now, &[]),
+        Oracle::Marginal => super::marginal::pick(engines, p, now),
         // Without the routers' books or the future arrivals (a caller outside the simulation):
         // greedy.
         Oracle::Priced | Oracle::Lookahead => clairvoyant::pick(engines, p, now),
