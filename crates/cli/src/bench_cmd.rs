@@ -153,7 +153,12 @@ pub struct SimArgs {
     /// Also run the oracles (simulation only, perfect knowledge; slow) and report their bound:
     /// every one of the family, or those named (`--oracles marginal,greedy`; the names are the
     /// sweep's labels without `oracle `).
-    #[arg(long, num_args = 0..=1, default_missing_value = "all", value_parser = crate::bench_sweep::parse_oracles)]
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = "all",
+        value_parser = crate::bench_sweep::parse_oracles
+    )]
     oracles: Option<crate::bench_sweep::OracleSet>,
     /// With `--variants cache`: one run at 80% load with a 30 s burst to 120% from 300 s, and
     /// how fast each policy's p50 (10 s windows) comes back within 20% of its pre-burst value.

@@ -23,13 +23,13 @@
 //! * [`Oracle::Priced`]: the lowest exact TTFT plus the rest of `min_ttft`'s price: the
 //!   per-request weight of the requests running or waiting there (`REQUEST_TOKENS_WEIGHT` tokens
 //!   of prefill each: the batch the request will share, which its own first token does not see)
-//!   and the fleet's seconds `min_ttft --fleet-pricing aware` charges a placement ([`FleetCtx::extra_s`]: the recompute it causes,
-//!   at the congestion externality `M(ρ̃)` of the engine's utilisation as the routers' books
-//!   measure it), with the exact will-be-cached prefixes (no eviction regret: see
-//!   [`Sim::fleet_seconds`]) and the home only where the replica's tail-reuse meter expects the
-//!   tail to be reused (the meter learns from the oracle's own placements). It is
-//!   the production policy's own pricing on an exact TTFT, so a production policy that beats the
-//!   bound does it by predicting worse, which an oracle must not lose to.
+//!   and the fleet's seconds `min_ttft --fleet-pricing aware` charges a placement
+//!   ([`FleetCtx::extra_s`]: the recompute it causes, at the congestion externality `M(ρ̃)` of
+//!   the engine's utilisation as the routers' books measure it), with the exact will-be-cached
+//!   prefixes (no eviction regret: see [`Sim::fleet_seconds`]) and the home only where the
+//!   replica's tail-reuse meter expects the tail to be reused (the meter learns from the oracle's
+//!   own placements). It is the production policy's own pricing on an exact TTFT, so a production
+//!   policy that beats the bound does it by predicting worse, which an oracle must not lose to.
 //! * [`Oracle::Lookahead`]: where greedy's engine g and the holder h differ, it rolls the fleet
 //!   forward both ways over the window the decision weighs on — the time h's queue takes to serve
 //!   the request (its exact TTFT there, the longer of the two), at most
