@@ -19,7 +19,7 @@ use loadlink_engine::model::{Event, StepKind, Submit};
 use loadlink_engine::radix::PageChain;
 
 /// Steps a forward simulation may take before the engine counts as never answering.
-const MAX_STEPS: usize = 200_000;
+pub(crate) const MAX_STEPS: usize = 200_000;
 
 /// A request with its prompt's page chain hashed once for each page size in the fleet: a decision
 /// submits the request to a fork of every engine, and hashing the prompt again for each fork cost

@@ -14,13 +14,10 @@
 //! prediction is exact given no later arrivals. A fork with the request stops once its sum cannot
 //! beat the best engine so far (every request still owed answers at a step's end or later).
 
-use super::clairvoyant::Hashed;
+use super::clairvoyant::{Hashed, MAX_STEPS};
 use super::engine::SimEngine;
 use loadlink_engine::model::{Event, Scheduler, StepKind};
 use std::collections::HashSet;
-
-/// Steps a forward simulation may take before the engine counts as never answering.
-const MAX_STEPS: usize = 200_000;
 
 /// Seconds `p` adds, placed on `engine` at `now`, to the summed time to first token of the
 /// requests owed one there (its own included); infinity once it is known to be `limit` or more.
