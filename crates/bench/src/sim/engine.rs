@@ -87,6 +87,18 @@ impl SimEngine {
         self.publisher.source().sched.num_waiting() + self.inbox.len()
     }
 
+    /// Prompt tokens queued here that the engine will compute: the scheduler's (their cached
+    /// prefixes left out) and, whole, those not taken in yet.
+    pub(crate) fn queued_uncached_tokens(&self) -> u64 {
+        let inbox: u64 = self.inbox.iter().map(|s| s.prompt_tokens).sum();
+        self.publisher.source().sched.waiting_uncached_tokens() + inbox
+    }
+
+    /// The share of the KV pool in use, as the engine publishes it.
+    pub(crate) fn token_usage(&self) -> f64 {
+        self.publisher.source().sched.token_usage()
+    }
+
     /// The cached prefix request `id` was admitted with here (`None`: not admitted here).
     pub(crate) fn admitted_hit(&self, id: u64) -> Option<u64> {
         self.publisher.source().sched.admitted_hit(id)
@@ -150,6 +162,15 @@ impl SimEngine {
         (sched.prefix_cache().matched_tokens(chain))
             .max(sched.queued_match(chain))
             .max(inbox.max().unwrap_or(0))
+    }
+
+    /// Tokens of `chain` this engine has cached now (what its KV events have told the routers).
+    pub(crate) fn cached_match(&self, chain: &PageChain) -> u64 {
+        self.publisher
+            .source()
+            .sched
+            .prefix_cache()
+            .matched_tokens(chain)
     }
 
     /// Snapshots published since the last call, in order.

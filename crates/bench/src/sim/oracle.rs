@@ -42,6 +42,12 @@
 //!   request's first token; SGLang's longest-prefix-first queue lets a request whose prefix an
 //!   engine holds pass the requests waiting there, and what that costs them is what the wait tail
 //!   is made of past cache-blind capacity.
+//! * [`Oracle::Rule`]: `min_ttft`'s whole decision rule on exact inputs: Priced's price plus
+//!   the penalty of a nearly full pool (the engine's exact `token_usage`), then every engine
+//!   within the tie band of the best is a tie, the ties holding the deepest prefix go first, and
+//!   one of them is drawn. Priced takes the strict minimum; the band is hysteresis (a holder
+//!   marginally later keeps its prefix), and the draw breaks the lock-step a deterministic rule
+//!   falls into. Without it a production policy could beat the bound by its rule alone.
 //!
 //! Forks are bounded as in [`clairvoyant`]: an engine whose recompute charge alone reaches the
 //! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
@@ -56,7 +62,7 @@ use loadlink_engine::radix::PageChain;
 use loadlink_router::book::REQUEST_TOKENS_WEIGHT;
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::fleet_cost::FleetCtx;
-use loadlink_router::policy::mix;
+use loadlink_router::policy::{MinTtft, mix};
 
 /// One oracle router of the family (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,10 +84,17 @@ pub enum Oracle {
     /// The least added summed TTFT of everyone owed a first token on the engine, this request's
     /// own included ([`marginal`]).
     Marginal,
+    /// `min_ttft`'s whole rule on exact inputs: [`Oracle::Priced`]'s price plus the KV-pressure
+    /// penalty of the engine's exact pool usage, then the tie band, the holders of the deepest
+    /// prefix first within it, and the draw among them.
+    Rule,
+    /// `min_ttft`'s rule on the engines' exact state rather than their published one: the
+    /// exact queued prefill and requests, the will-be-cached prefix, the pool's usage; no fork.
+    Queue,
 }
 
 /// The family the bound is the per-metric best of, with the labels sweeps print.
-pub const ORACLES: [(&str, SimRouter); 9] = [
+pub const ORACLES: [(&str, SimRouter); 11] = [
     ("oracle greedy", SimRouter::Oracle(Oracle::Greedy)),
     (
         "oracle sticky k=1",
@@ -108,6 +121,8 @@ pub const ORACLES: [(&str, SimRouter); 9] = [
     ("oracle priced", SimRouter::Oracle(Oracle::Priced)),
     ("oracle lookahead", SimRouter::Oracle(Oracle::Lookahead)),
     ("oracle marginal", SimRouter::Oracle(Oracle::Marginal)),
+    ("oracle rule", SimRouter::Oracle(Oracle::Rule)),
+    ("oracle queue", SimRouter::Oracle(Oracle::Queue)),
 ];
 
 /// Per arrival, its prompt's page chain at the fleet's first page size, hashed once when a
@@ -126,16 +141,27 @@ impl Sim<'_> {
     ) -> usize {
         self.out.decisions += 1;
         let p = Hashed::new(submit, &self.engines);
-        if oracle == Oracle::Priced {
-            let (mut extra, deepest) = self.fleet_seconds(i, &p, t);
+        if matches!(oracle, Oracle::Priced | Oracle::Rule | Oracle::Queue) {
+            let rule = (oracle != Oracle::Priced).then(MinTtft::default);
+            // Priced holds what will be cached; the rule holds what is, as `min_ttft` does.
+            let future = oracle == Oracle::Priced;
+            let (mut extra, deepest) = self.fleet_seconds(i, &p, t, future);
             // The rest of the production price: each running or waiting request weighs
             // `REQUEST_TOKENS_WEIGHT` tokens of prefill there (the batch slots and decode steps
-            // this request will share), which an exact first token does not see.
+            // this request will share), which an exact first token does not see; and, for the
+            // whole rule, the penalty of a nearly full pool.
             for (x, e) in extra.iter_mut().zip(&self.engines) {
                 let requests = (e.num_running() + e.num_waiting()) as f64;
                 *x += requests * recompute_s_of(e.model(), REQUEST_TOKENS_WEIGHT as u64);
+                *x += rule
+                    .as_ref()
+                    .map_or(0.0, |r| kv_penalty_s(r, e.token_usage()));
             }
-            let pick = priced(&self.engines, &p, t, &extra);
+            let pick = match (oracle, &rule) {
+                (Oracle::Queue, Some(r)) => queue_pick(&self.engines, &p, &extra, r, i as u64),
+                (_, Some(r)) => priced(&self.engines, &p, t, &extra, Some(r), i as u64),
+                (_, None) => priced(&self.engines, &p, t, &extra, None, i as u64),
+            };
             // The replica's tail-reuse meter learns from the oracle's placements as it does from
             // the production policy's ([`super::cache::RouterCache::dispatched`]).
             let r = i % self.caches.len().max(1);
@@ -196,9 +222,9 @@ impl Sim<'_> {
     /// ([`FleetCtx::extra_s`]), on request `i`'s router replica's books and tail-reuse meter at
     /// `t` and the exact will-be-cached prefixes (0 everywhere while no utilisation is known);
     /// and the deepest of those prefixes, tokens.
-    fn fleet_seconds(&self, i: usize, p: &Hashed<'_>, t: f64) -> (Vec<f64>, u64) {
+    fn fleet_seconds(&self, i: usize, p: &Hashed<'_>, t: f64, future: bool) -> (Vec<f64>, u64) {
         let r = i % self.books.len().max(1);
-        let m = matches(&self.engines, p);
+        let m = held(&self.engines, p, future);
         // The books are per engine; a unit stands for its engine (its deepest rank's prefix).
         let mut cached = vec![0u64; self.books[r].len()];
         for (u, &mu) in m.iter().enumerate() {
@@ -238,28 +264,98 @@ fn meter_chain<'p>(engines: &[SimEngine], p: &'p Hashed<'_>) -> Option<(&'p [i64
     p.chain(page).map(|c| (c.hashes.as_slice(), page as u64))
 }
 
+/// `min_ttft`'s penalty for a pool `usage` full (0 below its threshold).
+fn kv_penalty_s(rule: &MinTtft, usage: f64) -> f64 {
+    let over = (usage - rule.kv_pressure_from) / (1.0 - rule.kv_pressure_from);
+    rule.kv_pressure_s * over.clamp(0.0, 1.0)
+}
+
 /// The engine minimising its exact TTFT plus `extra` seconds (the engines holding most of the
-/// prompt forked first; ties rotate with the request id).
-fn priced(engines: &[SimEngine], p: &Hashed<'_>, now: f64, extra: &[f64]) -> usize {
+/// prompt forked first). Without a `rule`, ties rotate with the request id; with one, as
+/// [`banded`].
+pub(crate) fn priced(
+    engines: &[SimEngine],
+    p: &Hashed<'_>,
+    now: f64,
+    extra: &[f64],
+    rule: Option<&MinTtft>,
+    entropy: u64,
+) -> usize {
+    let ttft = |o: usize, _: u64, limit: f64| first_token_within(&engines[o], p, now, limit);
+    banded(engines, p, extra, rule, entropy, ttft)
+}
+
+/// The engine minimising `time(engine, the prompt tokens it holds, limit)` plus `extra` seconds
+/// (`time` may answer infinity once it reaches `limit`; the engines holding most of the prompt
+/// are priced first). Without a `rule`, an engine holds what it will have cached, and the strict
+/// minimum wins, ties rotating with the request id. With one, it holds what it has cached now
+/// (as `min_ttft`'s KV index sees it), every engine within the tie band of the best is a tie,
+/// and the draw (`entropy`) takes one of the ties holding the deepest prefix, else one of all
+/// the ties, as `min_ttft` does.
+fn banded(
+    engines: &[SimEngine],
+    p: &Hashed<'_>,
+    extra: &[f64],
+    rule: Option<&MinTtft>,
+    entropy: u64,
+    time: impl Fn(usize, u64, f64) -> f64,
+) -> usize {
     let n = engines.len().max(1);
     let start = (p.submit.id % n as u64) as usize;
-    let m = matches(engines, p);
+    let m = held(engines, p, rule.is_none());
     let rot = |e: usize| (e + n - start) % n;
     let mut order: Vec<usize> = (0..engines.len()).collect();
     order.sort_unstable_by_key(|&e| (std::cmp::Reverse(m[e]), rot(e)));
+    let band = |best: f64| match rule {
+        Some(r) => best + (best * r.tie_rel).max(r.tie_abs_s),
+        None => best,
+    };
     let mut best: (f64, Option<usize>) = (f64::INFINITY, None);
+    let mut costs = vec![f64::INFINITY; engines.len()];
     for o in order {
         let charge = extra.get(o).copied().unwrap_or(0.0);
-        if charge >= best.0 {
+        let limit = band(best.0);
+        if charge > limit || (rule.is_none() && charge >= limit) {
             continue; // even an instant first token would not pay for it
         }
-        let t = first_token_within(&engines[o], p, now, best.0 - charge) + charge;
+        let t = time(o, m[o], limit - charge) + charge;
+        costs[o] = t;
         let tie_first = t == best.0 && best.1.is_some_and(|b| rot(o) < rot(b));
         if t < best.0 || tie_first {
             best = (t, Some(o));
         }
     }
-    best.1.unwrap_or(start)
+    if rule.is_none() || !best.0.is_finite() {
+        return best.1.unwrap_or(start);
+    }
+    let limit = band(best.0);
+    let ties: Vec<usize> = (0..engines.len()).filter(|&e| costs[e] <= limit).collect();
+    let top = m.iter().copied().max().unwrap_or(0);
+    let held: Vec<usize> = (ties.iter().copied())
+        .filter(|&e| top > 0 && m[e] == top)
+        .collect();
+    let pool = if held.is_empty() { &ties } else { &held };
+    pool.get((mix(entropy) % pool.len().max(1) as u64) as usize)
+        .copied()
+        .or(best.1)
+        .unwrap_or(start)
+}
+
+/// [`Oracle::Queue`]'s pick: `min_ttft`'s rule with each engine's exact queue in place of its
+/// published one (`extra` holds the rest of the price).
+fn queue_pick(
+    engines: &[SimEngine],
+    p: &Hashed<'_>,
+    extra: &[f64],
+    rule: &MinTtft,
+    entropy: u64,
+) -> usize {
+    let prompt = p.submit.prompt_tokens;
+    let queue = |o: usize, m: u64, _: f64| {
+        let e = &engines[o];
+        recompute_s(e, e.queued_uncached_tokens() + prompt.saturating_sub(m))
+    };
+    banded(engines, p, extra, Some(rule), entropy, queue)
 }
 
 /// The engine (scheduler unit) `oracle` sends `submit` to at `now`.
@@ -270,14 +366,30 @@ pub(crate) fn pick(oracle: Oracle, engines: &[SimEngine], p: &Hashed<'_>, now: f
         Oracle::Marginal => super::marginal::pick(engines, p, now),
         // Without the routers' books or the future arrivals (a caller outside the simulation):
         // greedy.
-        Oracle::Priced | Oracle::Lookahead => clairvoyant::pick(engines, p, now),
+        Oracle::Priced | Oracle::Lookahead | Oracle::Rule | Oracle::Queue => {
+            clairvoyant::pick(engines, p, now)
+        }
     }
+}
+
+/// Per engine, the prompt tokens it holds: those it has cached now ([`SimEngine::cached_match`])
+/// or, `future`, also those it will have cached once the requests it holds are computed
+/// ([`matches`]).
+pub(crate) fn held(engines: &[SimEngine], p: &Hashed<'_>, future: bool) -> Vec<u64> {
+    if future {
+        return matches(engines, p);
+    }
+    let chain = |e: &SimEngine| p.chain(e.model().page_size);
+    (engines.iter())
+        .map(|e| chain(e).map_or(0, |c| e.cached_match(c)))
+        .collect()
 }
 
 /// Per engine, the prompt tokens it has or will have cached ([`SimEngine::will_match`]); all 0
 /// for a prompt known only by its length.
 pub(crate) fn matches(engines: &[SimEngine], p: &Hashed<'_>) -> Vec<u64> {
     let chain = |e: &SimEngine| p.chain(e.model().page_size);
+
     (engines.iter())
         .map(|e| chain(e).map_or(0, |c| e.will_match(c)))
         .collect()

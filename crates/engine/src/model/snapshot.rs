@@ -26,6 +26,14 @@ impl Scheduler {
             .map(|r| r.id)
     }
 
+    /// The share of the KV pool in use (SGLang's `token_usage`; 0 for an empty pool).
+    pub fn token_usage(&self) -> f64 {
+        match self.cfg.max_total_tokens {
+            0 => 0.0,
+            cap => self.used_tokens() as f64 / cap as f64,
+        }
+    }
+
     /// `(cached, prompt)` tokens of every admission so far: the lifetime hit rate's terms.
     pub fn cache_totals(&self) -> (u64, u64) {
         (self.stats.hit_tokens, self.stats.prompt_tokens)
@@ -87,11 +95,7 @@ impl Scheduler {
             num_active_tokens: (used + queued) as i64,
             max_total_num_tokens: cap as i64,
             max_running_requests: self.cfg.max_running_requests as i64,
-            token_usage: Some(if cap == 0 {
-                0.0
-            } else {
-                used as f64 / cap as f64
-            }),
+            token_usage: Some(self.token_usage()),
             gen_throughput: Some(per_span(tokens as f64)),
             cache_hit_rate: Some(self.cache_hit_rate()),
             utilization: Some(per_span(busy).min(1.0)),
