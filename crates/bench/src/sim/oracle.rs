@@ -45,9 +45,18 @@
 //! * [`Oracle::Rule`]: `min_ttft`'s whole decision rule on exact inputs: Priced's price plus
 //!   the penalty of a nearly full pool (the engine's exact `token_usage`), then every engine
 //!   within the tie band of the best is a tie, the ties holding the deepest prefix go first, and
-//!   one of them is drawn. Priced takes the strict minimum; the band is hysteresis (a holder
-//!   marginally later keeps its prefix), and the draw breaks the lock-step a deterministic rule
-//!   falls into. Without it a production policy could beat the bound by its rule alone.
+//!   one of them is drawn. An engine **holds what it has cached now** (what its KV events tell
+//!   the routers), not what it will have: every other member counts a prefix as held from the
+//!   moment its first request is queued, so a group's next requests all follow that one queue,
+//!   no second copy is ever made, and a transient on the one holder has nowhere to spill. That
+//!   lock-in is why the exact members swung between 0.05 s and seconds of p99 at GSP 1.05 while
+//!   `min_ttft` held 0.09 s (measured: the rule holding the will-be-cached prefix reads 1.8 s
+//!   there, holding the cached one 0.063 s).
+//! * [`Oracle::Queue`]: the same rule on the engines' exact *state* instead of a fork: each
+//!   engine's exact queued prefill plus the prompt's uncached part, at its prefill speed. It is
+//!   `min_ttft` with perfect information (no publish delay, no approximate tree), so a production
+//!   policy that beats it gains from its view's error, which the bound must not lose to; it costs
+//!   no fork, so it runs over every point of a sweep.
 //!
 //! Forks are bounded as in [`clairvoyant`]: an engine whose recompute charge alone reaches the
 //! best cost so far is not forked, and a fork stops once it cannot beat that cost, so Sticky costs
@@ -86,7 +95,7 @@ pub enum Oracle {
     Marginal,
     /// `min_ttft`'s whole rule on exact inputs: [`Oracle::Priced`]'s price plus the KV-pressure
     /// penalty of the engine's exact pool usage, then the tie band, the holders of the deepest
-    /// prefix first within it, and the draw among them.
+    /// prefix first within it, and the draw among them; an engine holds what it has cached now.
     Rule,
     /// `min_ttft`'s rule on the engines' exact state rather than their published one: the
     /// exact queued prefill and requests, the will-be-cached prefix, the pool's usage; no fork.
@@ -343,7 +352,7 @@ fn banded(
 
 /// [`Oracle::Queue`]'s pick: `min_ttft`'s rule with each engine's exact queue in place of its
 /// published one (`extra` holds the rest of the price).
-fn queue_pick(
+pub(crate) fn queue_pick(
     engines: &[SimEngine],
     p: &Hashed<'_>,
     extra: &[f64],

@@ -294,8 +294,15 @@ fn marginal_picks_the_least_added_summed_ttft_of_unpruned_forks() {
     assert!(not_greedy > 0, "marginal always agreed with greedy");
 }
 
-#[test]
-fn the_rule_takes_a_deepest_holder_within_the_tie_band_of_unpruned_prices() {
+/// Routes S3's arrivals (1.0 of cache-blind capacity, 3 engines) by `pick(engines, request,
+/// now, extra)` and checks `min_ttft`'s rule against unpruned prices (`time` per engine, given
+/// the tokens it holds now, plus a charge as the oracles': 128 tokens of prefill per request
+/// there): the pick is within the tie band of the best, a holder of the deepest prefix whenever
+/// one is, and at times not the strict minimum.
+fn check_rule(
+    pick: impl Fn(&[SimEngine], &Hashed<'_>, f64, &[f64], u64) -> usize,
+    time: impl Fn(&SimEngine, &Submit, f64, u64) -> f64,
+) {
     let s = small_s3(3, 25.0);
     let mut fleet = Fleet::new(s.engines, s.model);
     let rule = loadlink_router::policy::MinTtft::default();
@@ -304,27 +311,31 @@ fn the_rule_takes_a_deepest_holder_within_the_tie_band_of_unpruned_prices() {
         fleet.advance(a.t);
         let submit = Submit::tokens(i as u64, a.prompt.clone().unwrap(), a.output_tokens);
         let p = Hashed::new(&submit, &fleet.engines);
-        // A per-engine charge as the oracle's: 128 tokens of prefill per request there.
+        let m = oracle::held(&fleet.engines, &p, false);
         let extra: Vec<f64> = (fleet.engines.iter())
             .map(|e| (e.num_running() + e.num_waiting()) as f64 * recompute_s(e, 128))
             .collect();
-        let price: Vec<f64> = (fleet.engines.iter().zip(&extra))
-            .map(|(e, x)| first_token_in(e, &submit, a.t) + x)
+        let price: Vec<f64> = (fleet.engines.iter().zip(&extra).zip(&m))
+            .map(|((e, x), &m)| time(e, &submit, a.t, m) + x)
             .collect();
-        let m = oracle::held(&fleet.engines, &p, false);
-        let pick = oracle::priced(&fleet.engines, &p, a.t, &extra, Some(&rule), i as u64);
+        let picked = pick(&fleet.engines, &p, a.t, &extra, i as u64);
         let best = price.iter().copied().fold(f64::INFINITY, f64::min);
         let band = best + (best * rule.tie_rel).max(rule.tie_abs_s);
-        assert!(price[pick] <= band, "decision {i}: {price:?} picked {pick}");
+        assert!(
+            price[picked] <= band,
+            "decision {i}: {price:?} picked {picked}"
+        );
         let top = m.iter().copied().max().unwrap();
-        let holder_tied = (0..m.len()).any(|e| top > 0 && m[e] == top && price[e] <= band);
-        if holder_tied {
-            assert_eq!(m[pick], top, "decision {i}: a holder tied, {m:?} {price:?}");
+        if (0..m.len()).any(|e| top > 0 && m[e] == top && price[e] <= band) {
+            assert_eq!(
+                m[picked], top,
+                "decision {i}: a holder tied, {m:?} {price:?}"
+            );
             held_tie += 1;
         }
-        not_argmin += usize::from(price[pick] > best);
+        not_argmin += usize::from(price[picked] > best);
         decided += 1;
-        fleet.send(pick, submit, a.t);
+        fleet.send(picked, submit, a.t);
     }
     assert!(
         decided > 200 && held_tie > 0,
@@ -332,4 +343,22 @@ fn the_rule_takes_a_deepest_holder_within_the_tie_band_of_unpruned_prices() {
     );
     // The band is wide enough near capacity to keep a holder over a marginally sooner engine.
     assert!(not_argmin > 0, "the rule always took the strict argmin");
+}
+
+#[test]
+fn the_rule_takes_a_deepest_holder_within_the_tie_band_of_unpruned_first_tokens() {
+    let rule = loadlink_router::policy::MinTtft::default();
+    check_rule(
+        |engines, p, t, extra, entropy| oracle::priced(engines, p, t, extra, Some(&rule), entropy),
+        |e, submit, t, _| first_token_in(e, submit, t),
+    );
+}
+
+#[test]
+fn the_queue_oracle_is_the_rule_on_each_engines_exact_queue() {
+    let rule = loadlink_router::policy::MinTtft::default();
+    check_rule(
+        |engines, p, _, extra, entropy| oracle::queue_pick(engines, p, extra, &rule, entropy),
+        |e, submit, _, m| recompute_s(e, e.queued_uncached_tokens() + submit.prompt_tokens - m),
+    );
 }
