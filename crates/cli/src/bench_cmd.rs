@@ -160,6 +160,11 @@ pub struct SimArgs {
         value_parser = crate::bench_sweep::parse_oracles
     )]
     oracles: Option<crate::bench_sweep::OracleSet>,
+    /// In a sweep, run only the default policy of the production ones (with `--oracles`: the
+    /// default against the bound, at a sixth of the production runs; the criteria against the
+    /// other policies need a run without it).
+    #[arg(long)]
+    only_default: bool,
     /// With `--variants cache`: one run at 80% load with a 30 s burst to 120% from 300 s, and
     /// how fast each policy's p50 (10 s windows) comes back within 20% of its pre-burst value.
     #[arg(long)]
@@ -241,6 +246,7 @@ pub fn run(c: BenchCommand) -> Result<()> {
                 .clone()
                 .map_or_else(crate::bench_sweep::default_loads, |l| l.0),
             oracles: a.oracles.clone(),
+            only_default: a.only_default,
             threads: a
                 .threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

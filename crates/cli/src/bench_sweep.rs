@@ -18,6 +18,8 @@ use std::path::Path;
 pub(crate) struct SweepPlan<'a> {
     pub loads: Vec<f64>,
     pub oracles: Option<OracleSet>,
+    /// Of the production policies, the default only.
+    pub only_default: bool,
     pub threads: usize,
     pub out: &'a Path,
 }
@@ -95,9 +97,10 @@ pub(crate) fn default_loads() -> Vec<f64> {
     SWEEP_LOADS.to_vec()
 }
 
-fn variants(oracles: &Option<OracleSet>) -> Vec<Variant> {
+fn variants(plan: &SweepPlan) -> Vec<Variant> {
     let mut v = SWEEP_VARIANTS.to_vec();
-    if let Some(o) = oracles {
+    v.retain(|p| !plan.only_default || p.label == DEFAULT_LABEL);
+    if let Some(o) = &plan.oracles {
         v.extend(o.0.iter().copied());
     }
     v
@@ -117,7 +120,7 @@ fn commit() -> String {
 
 /// The sweep: table, acceptance check, `{scenario}-sweep-seed{seed}.json`.
 pub(crate) fn run(s: &Scenario, seed: u64, plan: &SweepPlan) -> Result<()> {
-    let vs = variants(&plan.oracles);
+    let vs = variants(plan);
     let progress = |load: f64, label: &str| {
         eprint!("\rsweep: load {load:.2} {label:<32}");
         let _ = std::io::stderr().flush();
@@ -166,7 +169,7 @@ pub(crate) fn burst(s: &Scenario, seed: u64, b: &Burst, plan: &SweepPlan) -> Res
         b.base * 100.0,
         a.len()
     );
-    let vs = variants(&plan.oracles);
+    let vs = variants(plan);
     let got = sweep::par_map(&vs, plan.threads, |v| {
         let (o, _) = scenario::run_arrivals(s, &a, v);
         recovery::recovery(v.label, &o, b, s.duration_s)
@@ -216,6 +219,21 @@ mod tests {
             e.contains("\"psychic\"") && e.contains("sticky k=inf"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn only_default_keeps_the_default_and_the_oracles() {
+        let mut plan = SweepPlan {
+            loads: vec![1.0],
+            oracles: Some(parse_oracles("queue").unwrap()),
+            only_default: false,
+            threads: 1,
+            out: Path::new("."),
+        };
+        assert_eq!(variants(&plan).len(), SWEEP_VARIANTS.len() + 1);
+        plan.only_default = true;
+        let labels: Vec<&str> = variants(&plan).iter().map(|v| v.label).collect();
+        assert_eq!(labels, [DEFAULT_LABEL, "oracle queue"]);
     }
 
     #[test]
