@@ -1,7 +1,7 @@
 //! `bench sim --variants cache --sweep` (the placement comparison of issue 24) and `--burst`: the
 //! production policies and the oracles at each offered load, reduced to hit rate, p50, p99 and
 //! p99 wait, with the acceptance read off them; or one run with a burst and how each variant
-//! recovers. The commit the binary was run from is recorded in the JSON, so a baseline measured
+//! recovers. The commit the binary was built from is recorded in the JSON, so a baseline measured
 //! "today" can be named later.
 
 use anyhow::{Context, Result};
@@ -106,16 +106,13 @@ fn variants(plan: &SweepPlan) -> Vec<Variant> {
     v
 }
 
-/// The commit the working tree is at (`unknown` outside a git checkout).
-fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+/// The commit the binary was built from (HEAD at build time, `build.rs`: uncommitted changes are
+/// not named; `unknown` when built outside a git
+/// checkout), whatever directory it runs in.
+fn commit() -> &'static str {
+    option_env!("LOADLINK_BUILD_COMMIT")
+        .filter(|c| !c.is_empty())
+        .unwrap_or("unknown")
 }
 
 /// The sweep: table, acceptance check, `{scenario}-sweep-seed{seed}.json`.
