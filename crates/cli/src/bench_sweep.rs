@@ -107,8 +107,7 @@ fn variants(plan: &SweepPlan) -> Vec<Variant> {
 }
 
 /// The commit the binary was built from (HEAD at build time, `build.rs`: uncommitted changes are
-/// not named; `unknown` when built outside a git
-/// checkout), whatever directory it runs in.
+/// not named; `unknown` when built outside a git checkout), whatever directory it runs in.
 fn commit() -> &'static str {
     option_env!("LOADLINK_BUILD_COMMIT")
         .filter(|c| !c.is_empty())
