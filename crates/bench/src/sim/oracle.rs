@@ -98,7 +98,7 @@ pub enum Oracle {
     /// prefix first within it, and the draw among them; an engine holds what it has cached now.
     Rule,
     /// `min_ttft`'s rule on the engines' exact state rather than their published one: the
-    /// exact queued prefill and requests, the will-be-cached prefix, the pool's usage; no fork.
+    /// exact queued prefill and requests, the prefix cached now, the pool's usage; no fork.
     Queue,
 }
 
@@ -164,12 +164,11 @@ impl Sim<'_> {
                 *x += requests * recompute_s_of(e.model(), REQUEST_TOKENS_WEIGHT as u64);
                 *x += rule
                     .as_ref()
-                    .map_or(0.0, |r| kv_penalty_s(r, e.token_usage()));
+                    .map_or(0.0, |r| r.kv_penalty_s(e.token_usage()));
             }
             let pick = match (oracle, &rule) {
                 (Oracle::Queue, Some(r)) => queue_pick(&self.engines, &p, &extra, r, i as u64),
-                (_, Some(r)) => priced(&self.engines, &p, t, &extra, Some(r), i as u64),
-                (_, None) => priced(&self.engines, &p, t, &extra, None, i as u64),
+                _ => priced(&self.engines, &p, t, &extra, rule.as_ref(), i as u64),
             };
             // The replica's tail-reuse meter learns from the oracle's placements as it does from
             // the production policy's ([`super::cache::RouterCache::dispatched`]).
@@ -273,12 +272,6 @@ fn meter_chain<'p>(engines: &[SimEngine], p: &'p Hashed<'_>) -> Option<(&'p [i64
     p.chain(page).map(|c| (c.hashes.as_slice(), page as u64))
 }
 
-/// `min_ttft`'s penalty for a pool `usage` full (0 below its threshold).
-fn kv_penalty_s(rule: &MinTtft, usage: f64) -> f64 {
-    let over = (usage - rule.kv_pressure_from) / (1.0 - rule.kv_pressure_from);
-    rule.kv_pressure_s * over.clamp(0.0, 1.0)
-}
-
 /// The engine minimising its exact TTFT plus `extra` seconds (the engines holding most of the
 /// prompt forked first). Without a `rule`, ties rotate with the request id; with one, as
 /// [`banded`].
@@ -316,7 +309,7 @@ fn banded(
     let mut order: Vec<usize> = (0..engines.len()).collect();
     order.sort_unstable_by_key(|&e| (std::cmp::Reverse(m[e]), rot(e)));
     let band = |best: f64| match rule {
-        Some(r) => best + (best * r.tie_rel).max(r.tie_abs_s),
+        Some(r) => r.tie_band(best),
         None => best,
     };
     let mut best: (f64, Option<usize>) = (f64::INFINITY, None);

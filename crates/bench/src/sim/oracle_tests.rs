@@ -320,7 +320,7 @@ fn check_rule(
             .collect();
         let picked = pick(&fleet.engines, &p, a.t, &extra, i as u64);
         let best = price.iter().copied().fold(f64::INFINITY, f64::min);
-        let band = best + (best * rule.tie_rel).max(rule.tie_abs_s);
+        let band = rule.tie_band(best);
         assert!(
             price[picked] <= band,
             "decision {i}: {price:?} picked {picked}"

@@ -213,13 +213,7 @@ impl MinTtft {
                 f * (DISPATCH_TOKENS_GUESS as f64 + self.per_request_tokens) * s_tok
             }
         };
-        // Only above the threshold (rare): the division stays off the common path.
-        let kv_penalty = if p.kv_usage > self.kv_pressure_from {
-            let over = (p.kv_usage - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
-            self.kv_pressure_s * over.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
+        let kv_penalty = self.kv_penalty_s(p.kv_usage);
         let adapter_s = match self.adapter_pricing {
             AdapterPricing::Aware => self.adapter_s(view, i, &p),
             AdapterPricing::Blind => 0.0,
@@ -229,6 +223,26 @@ impl MinTtft {
             false => 0.0,
         };
         queued_s + uncached as f64 * s_tok + host_load_s + adapter_s + kv_penalty + fleet_s
+    }
+
+    /// Seconds added for a KV pool `usage` full (0–1): 0 up to `kv_pressure_from`, then linear
+    /// up to `kv_pressure_s` at a full pool.
+    #[inline]
+    pub fn kv_penalty_s(&self, usage: f64) -> f64 {
+        // Only above the threshold (rare): the division stays off the common path. A NaN usage
+        // is not above it, so it adds nothing.
+        if usage > self.kv_pressure_from {
+            let over = (usage - self.kv_pressure_from) / (1.0 - self.kv_pressure_from);
+            self.kv_pressure_s * over.clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The highest price that ties with `best`: `tie_rel` of it above, at least `tie_abs_s`.
+    #[inline]
+    pub fn tie_band(&self, best: f64) -> f64 {
+        best + (best * self.tie_rel).max(self.tie_abs_s)
     }
 
     /// What candidate `i` holds of the prompt for the fleet term, in tokens of recompute it saves:
@@ -323,7 +337,7 @@ impl MinTtft {
         if !best.is_finite() {
             return (0..n).find(|&i| view.available(i)); // no price (NaN input): any available
         }
-        let band = best + (best * self.tie_rel).max(self.tie_abs_s);
+        let band = self.tie_band(best);
         let within = |i: usize| match prices.get(i) {
             Some(&t) => t <= band, // unavailable candidates kept +inf
             None => view.available(i) && self.cost_s(view, i, &fleet) <= band,
