@@ -38,6 +38,10 @@ pub enum PairEnd {
     Failed(super::Role, String),
 }
 
+/// How long a decode engine's own server error waits for a pending prefill leg's verdict (a
+/// refused connection is heard in microseconds; a live prefill engine is not waited for).
+const PREFILL_VERDICT_WAIT: Duration = Duration::from_millis(500);
+
 /// Bound on what of a prefill answer is kept to look for an error event: its answer is one token.
 const PREFILL_SCAN_BYTES: usize = 64 << 10;
 
@@ -82,6 +86,20 @@ pub async fn run(
                 // The decode engine refused or failed on its own: its answer is the client's at
                 // once (its prefill leg, dropped here, would only wait for a decode side).
                 Ok(resp) if !retryable(resp.status()) => {
+                    // A decode engine that cannot reach its prefill engine's bootstrap server
+                    // fails the request itself, often before the prefill leg's own refusal is
+                    // heard: a pending prefill leg gets a short hearing, and its failure fails
+                    // the attempt (retried on another prefill engine), not the request.
+                    if resp.status().is_server_error() && p_resp.is_none() {
+                        let heard = tokio::time::timeout(PREFILL_VERDICT_WAIT, &mut p).await;
+                        if let Ok(r) = heard {
+                            match leg(r, &pu, st.cfg.upstream_timeout_ms) {
+                                Err(e) => return PairEnd::Failed(super::Role::Prefill, format!("prefill {e}")),
+                                Ok(r) if retryable(r.status()) => return PairEnd::Failed(super::Role::Prefill, format!("prefill {pu} answered {}", r.status())),
+                                Ok(_) => {}
+                            }
+                        }
+                    }
                     st.metrics.count_status(resp.status().as_u16());
                     return PairEnd::Answered(crate::proxy::pass_through(resp, dg, None), Outcome::Decoded);
                 }
