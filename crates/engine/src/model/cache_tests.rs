@@ -77,12 +77,21 @@ fn pressure_evicts_only_unlocked_lru_leaves_and_announces_exactly_them() {
     // D extends b and keeps running: it locks b's 3 pages (12 tokens hit, 5 computed).
     let mut d = b.to_vec();
     d.extend(200..205);
-    s.submit(Submit::tokens(3, d.into(), 1000));
+    s.submit(Submit::tokens(3, d.clone().into(), 1000));
     s.step(0.0);
     assert_eq!(s.num_running(), 1);
     assert_eq!(s.cache_totals().0, 12);
-    // C needs 20 fresh tokens; free = 40 - 5 (D's own) - 24 (cached) = 11, so 9 more tokens must
-    // go: a's pages, leaf first (12 tokens), never b's, which D holds.
+    // Prefilled and running on, D publishes its prompt's new full page at once (SGLang's
+    // checkpoint), under b's last page; its 17th token stays its own.
+    let chain_d = PageChain::of(&d[..16], 4);
+    let [KvEvent::Stored(stored)] = &s.take_kv_events()[..] else {
+        panic!("D's prompt is published after its prefill")
+    };
+    assert_eq!(stored.block_hashes, vec![chain_d.hashes[3]]);
+    assert_eq!(stored.parent_block_hash, Some(chain_d.hashes[2]));
+    assert_eq!(stored.token_ids, vec![200, 201, 202, 203]);
+    // C needs 20 fresh tokens; free = 40 - 1 (D's own) - 28 (cached) = 11, so 9 more tokens must
+    // go: a's pages, leaf first (12 tokens), never b's or D's page, which D holds.
     s.submit(Submit::tokens(4, ids(300..320), 1));
     s.step(0.1);
     let chain_a = PageChain::of(&a, 4);
@@ -99,8 +108,7 @@ fn pressure_evicts_only_unlocked_lru_leaves_and_announces_exactly_them() {
         panic!("{events:?}")
     };
     assert_eq!(c.block_hashes, PageChain::of(&ids(300..320), 4).hashes);
-    let chain_b = PageChain::of(&b, 4);
-    assert!(chain_b.hashes.iter().all(|h| s.cache.contains(*h)));
+    assert!(chain_d.hashes.iter().all(|h| s.cache.contains(*h)));
     assert!(s.used_tokens() <= 40);
 }
 
@@ -194,7 +202,7 @@ fn published_uncached_tokens_match_an_account_kept_from_the_event_stream() {
 }
 
 #[test]
-fn queued_match_sees_prompts_waiting_and_running_until_the_cache_takes_them() {
+fn queued_match_sees_waiting_prompts_and_the_cache_takes_a_prompt_once_prefilled() {
     // Page 4. A 21-token prompt hashes 5 pages (all but its last token).
     let mut s = Scheduler::new(cfg(4, 10_000));
     let first = ids(0..21);
@@ -211,6 +219,11 @@ fn queued_match_sees_prompts_waiting_and_running_until_the_cache_takes_them() {
     assert_eq!(st.kind, StepKind::Prefill);
     assert_eq!(s.num_running(), 1);
     assert_eq!(s.queued_match(&chain), 8, "running: still counted");
+    assert_eq!(
+        s.prefix_cache().matched_tokens(&chain),
+        8,
+        "prefilled and running: published to the cache (SGLang's checkpoint)"
+    );
     drain(&mut s, st.duration);
     assert_eq!(s.queued_match(&chain), 0, "finished: no longer queued");
     assert_eq!(s.prefix_cache().matched_tokens(&chain), 8, "now cached");

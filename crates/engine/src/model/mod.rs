@@ -9,9 +9,10 @@
 //!   continues over several steps; a prefill step emits each completed request's first token;
 //! * a decode step generates one token for every running request;
 //! * a **prefix cache** ([`crate::radix`]) when requests carry token ids: a request's longest
-//!   cached prefix skips prefill, its path is locked while it runs, a finished request inserts its
-//!   prompt and output, and the pool evicts unlocked least-recently-used pages before it retracts
-//!   anyone (`pool.rs`). Requests given only as token counts never match and are never cached;
+//!   cached prefix skips prefill, its path is locked while it runs, a prefilled request that runs
+//!   on publishes its prompt's pages at once (SGLang's `checkpoint_kv_cache`, so a session's next
+//!   turn can match a turn still decoding), a finished request inserts its prompt and output, and
+//!   the pool evicts unlocked least-recently-used pages before it retracts anyone (`pool.rs`). Requests given only as token counts never match and are never cached;
 //! * a **host tier** when `host_tier.tokens > 0` (SGLang's HiCache, [`crate::host_tier`]):
 //!   evicted pages are demoted to a host pool; a request whose prefix continues there has those
 //!   pages loaded back at admission, and its prefill step pays `loaded / load_tokens_per_s`
@@ -116,8 +117,11 @@ struct Req {
     chain: PageChain,
     /// Cached tokens when queued: what `num_waiting_uncached_tokens` leaves out.
     queued_hit: u64,
-    /// The locked cached prefix while admitted (0 while waiting).
+    /// The locked prefix the cache holds for it while admitted (0 while waiting): its cached
+    /// prefix at admission, and its whole prompt once prefilled ([`Scheduler::checkpoint`]).
     shared: u64,
+    /// The cached prefix it was admitted with (tokens it did not prefill).
+    admitted_hit: u64,
     lock: PathLock,
     /// Tokens of `shared` loaded back from the host tier at admission, whose copy time the next
     /// prefill step of this request pays.
@@ -238,6 +242,7 @@ impl Scheduler {
             chain,
             queued_hit,
             shared: 0,
+            admitted_hit: 0,
             lock: PathLock::default(),
             loaded: 0,
             adapter: s.adapter,
@@ -284,7 +289,7 @@ impl Scheduler {
     pub fn admitted_hit(&self, id: u64) -> Option<u64> {
         (self.running.iter().chain(self.chunked.as_ref()))
             .find(|r| r.id == id)
-            .map(|r| r.shared)
+            .map(|r| r.admitted_hit)
     }
 
     /// Waiting requests, including a partly prefilled one and those whose KV arrived from a

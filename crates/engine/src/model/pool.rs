@@ -71,6 +71,7 @@ impl Scheduler {
             return false;
         }
         (req.lock, req.shared, req.prefilled) = (lock, hit, hit);
+        req.admitted_hit = hit;
         req.loaded = loaded;
         if !req.retracted {
             self.record_hit(hit, req.prompt);
@@ -123,7 +124,7 @@ impl Scheduler {
     /// A finished request caches its prompt and the output tokens that have KV (all but the
     /// last), then releases its lock; its own pages that did not become cache pages are freed.
     /// `req` finished when it has generated all it may (announced in `events`), else it runs on.
-    pub(super) fn finish_or_run(&mut self, req: Req, events: &mut Vec<Event>) {
+    pub(super) fn finish_or_run(&mut self, mut req: Req, events: &mut Vec<Event>) {
         if req.generated >= req.max_new {
             events.push(Event::Finished {
                 id: req.id,
@@ -132,8 +133,23 @@ impl Scheduler {
             });
             self.finish(req);
         } else {
+            self.checkpoint(&mut req);
             self.running.push(req);
         }
+    }
+
+    /// A request whose prompt is prefilled and that runs on publishes the prompt's full pages
+    /// to the cache and locks them, as SGLang does after every prefill (`checkpoint_kv_cache`):
+    /// a later request sharing the prompt (a session's next turn arriving while this one
+    /// decodes) matches it before this one finishes, and the KV events announce it then.
+    fn checkpoint(&mut self, req: &mut Req) {
+        let Some(prompt) = req.tokens.clone() else {
+            return;
+        };
+        self.cache.insert(&prompt, &req.chain);
+        let (lock, held) = self.cache.lock(&req.chain);
+        self.cache.unlock(std::mem::replace(&mut req.lock, lock));
+        req.shared = held.min(req.prefilled);
     }
 
     pub(super) fn finish(&mut self, mut req: Req) {
