@@ -164,9 +164,22 @@ fn cache_aware_variants_see_the_caches_and_the_clairvoyant_bounds_them() {
     );
     // The hot prefix piles onto one worker under in-flight cache_aware, not under the cost
     // policy. The cost policy's only hot samples are its cold start (3 s here, while the hot
-    // tenant's first requests go to their home until its prompt is indexed).
-    assert!(spiral_q.hot_fraction > 0.5 && spiral_q.hot_longest_s > 10.0);
-    assert!(cost_q.hot_fraction < 0.1 && cost_q.hot_longest_s <= 3.0);
+    // tenant's first requests go to their home until its prompt is indexed). With the engine
+    // checkpointing a prefilled prompt (SGLang's checkpoint_kv_cache), in-flight cache_aware's
+    // pile-up is shorter than it was with publish-at-finish (hot in 39% of the samples, 19 s in a
+    // row, where it was over half of them), but it still holds one worker hot for 10 s and more.
+    assert!(
+        spiral_q.hot_fraction > 0.3 && spiral_q.hot_longest_s > 10.0,
+        "in-flight cache_aware: hot {} of the samples, longest {} s",
+        spiral_q.hot_fraction,
+        spiral_q.hot_longest_s
+    );
+    assert!(
+        cost_q.hot_fraction < 0.1 && cost_q.hot_longest_s <= 3.0,
+        "min_ttft: hot {} of the samples, longest {} s",
+        cost_q.hot_fraction,
+        cost_q.hot_longest_s
+    );
     assert!(wait_p99(&cost) < 0.5 * wait_p99(&spiral));
     assert!(wait_p99(&bound) <= wait_p99(&cost) && wait_p99(&bound) <= wait_p99(&blind));
 }

@@ -68,10 +68,15 @@ struct Seen {
 /// Routes S3's arrivals (1.0 of cache-blind capacity, 3 engines) by `oracle`, recording every
 /// decision with every engine's exact TTFT.
 fn decisions(oracle: Oracle) -> Vec<Seen> {
+    decisions_at(oracle, 1.0)
+}
+
+/// [`decisions`] at `load` of cache-blind capacity.
+fn decisions_at(oracle: Oracle, load: f64) -> Vec<Seen> {
     let s = small_s3(3, 25.0);
     let mut fleet = Fleet::new(s.engines, s.model);
     let mut seen = Vec::new();
-    for (i, a) in arrivals(&s, 5, 1.0).iter().enumerate() {
+    for (i, a) in arrivals(&s, 5, load).iter().enumerate() {
         fleet.advance(a.t);
         let submit = Submit::tokens(i as u64, a.prompt.clone().unwrap(), a.output_tokens);
         let hashed = Hashed::new(&submit, &fleet.engines);
@@ -147,8 +152,12 @@ fn sticky_infinity_never_leaves_a_holder() {
 fn sticky_moves_only_when_the_gain_beats_kappa_times_the_recompute() {
     let model = small_s3(1, 1.0).model;
     let engine = SimEngine::new(0, model, PublishPoint::default(), 1);
+    // At 1.0 of cache-blind capacity a holder is rarely worth leaving at κ 4 (a running turn's
+    // prompt is cached at once, so holders are found early); at 1.6 queues grow enough that both
+    // κ leave a holder, the smaller one more often.
+    let mut moves = Vec::new();
     for kappa in [1.0, 4.0] {
-        let seen = decisions(Oracle::Sticky { kappa });
+        let seen = decisions_at(Oracle::Sticky { kappa }, 1.6);
         let mut moved = 0;
         for (i, d) in seen.iter().enumerate() {
             let t = top(d);
@@ -170,7 +179,14 @@ fn sticky_moves_only_when_the_gain_beats_kappa_times_the_recompute() {
             moved += usize::from(d.m[d.pick] < t);
         }
         assert!(moved > 0, "κ {kappa}: never left a holder");
+        moves.push(moved);
     }
+    assert!(
+        moves[1] < moves[0],
+        "κ 4 moved {} times, κ 1 {}",
+        moves[1],
+        moves[0]
+    );
 }
 
 #[test]
