@@ -328,7 +328,7 @@ fn write_workers(e: &mut Exposition, loads: &[(&Worker, Load)]) {
     let mut f = e.family(
         "loadlink_rank_utilisation",
         MetricType::Gauge,
-        "Share of the rank's full-batch capacity in use, smoothed over 5 s (NaN: not measured)",
+        "Share of the rank's time its prefill is busy (1 while its queue does not drain), smoothed over 5 s (NaN: not measured)",
     );
     for (w, _) in loads {
         for r in w.ranks.iter() {

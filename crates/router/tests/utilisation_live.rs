@@ -1,6 +1,6 @@
 //! What a real `loadlink engine` publishes reaches the router's utilisation meter and free-pool
-//! figure, and `/workers` and `/metrics` show them: the engine's prefill busy time and decode
-//! moments give ρ from the capacity counters (not the slot fallback), its pool size and usage
+//! figure, and `/workers` and `/metrics` show them: the engine's prefill busy time gives ρ (not
+//! the slot fallback), its pool size and usage
 //! the free pool; its KV-event stream gives the eviction regret (0: nothing evicted).
 
 use loadlink_router::LoadSignal;
@@ -31,7 +31,7 @@ async fn a_busy_engine_shows_its_utilisation_free_pool_and_regret() {
     let rank = &w["ranks"][0];
     let rho = rank["utilisation"].as_f64().unwrap();
     assert!(rho < 1.0, "{rho}");
-    assert_eq!(rank["utilisation_source"], "capacity", "{rank}");
+    assert_eq!(rank["utilisation_source"], "prefill", "{rank}");
     assert_eq!(
         w["utilisation"].as_f64(),
         Some(rho),

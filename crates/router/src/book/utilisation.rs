@@ -1,24 +1,23 @@
-//! An engine rank's utilisation ρ: the share of its *full-batch capacity* in use, smoothed over
-//! the engine's own rate window.
+//! An engine rank's utilisation ρ: the share of its time its prefill is busy, smoothed over the
+//! engine's own rate window; saturated when its queue does not drain.
 //!
-//! Why not the snapshot's `utilization`: under continuous batching an engine is busy whenever
-//! anything runs, so its busy share reads ≈ 1 at any load. What a router needs to price one more
-//! request's work is how close the engine is to what it can sustain, and an engine sustains the
-//! most at a full batch. So ρ counts work at full-batch cost:
+//! Why prefill: ρ prices what one more request's work costs the others' *first tokens* (the fleet
+//! term, `policy::fleet_cost`). A new request's first token waits for the prefill ahead of it,
+//! which the engine schedules before decode (SGLang runs a prefill batch whenever one is ready);
+//! decode steps slow the tokens after the first, not the first. So the queue a recompute lengthens
+//! is the prefill queue, and its utilisation is the prefill share of wall time:
 //!
 //! ```text
-//! ρ_sample = (Δ prefill busy µs + Δ decode tokens × d) / Δ wall µs,   clamped to [0, 1]
-//! d        = α / B + β   (µs per decode token at a full batch of B requests)
+//! ρ_sample = Δ prefill busy µs / Δ wall µs,   clamped to [0, 1]
 //! ```
-//! where the full batch B is the most requests the engine can hold at once: its slot bound
-//! `max_running_requests`, or as many of its running requests' mean KV footprint
-//! (`num_used_tokens / num_running_reqs`) as its pool (`max_total_num_tokens`) holds, whichever
-//! is fewer (SGLang's default slot bound is often far above what its pool holds).
-//! with the decode step's cost `t = α + β·b` fitted by least squares on the cumulative moments
-//! SGLang 0.5.23 publishes (`decode_moments` = n, Σb, Σt_us, Σb², Σb·t_us, Σg; one batch size
-//! only: `d = Σt/Σb`). That is the capacity the bench calibrates offered load on (a mean prompt's
-//! prefill plus its output at the full-batch step cost), so a cache-blind fleet at load 0.8 reads
-//! ρ ≈ 0.8.
+//! What decode does to first tokens goes through slots and the KV pool: when the running batch
+//! is full, requests wait although prefill is idle. That is the saturation rule below, which sees
+//! it whatever the bottleneck. Until the seventh session of issue 24 ρ also counted decode tokens
+//! at the full-batch step cost (fitted on `decode_moments`); with an engine model that publishes a
+//! running request's prompt once it is prefilled, as SGLang does, that heavier ρ bought nothing on
+//! long agentic sessions and kept generated-shared-prefix requests on busy holders for seconds
+//! (docs/results.md, "The engine model was wrong").
+//! Not the snapshot's `utilization`, which reads ≈ 1 at any load under continuous batching.
 //!
 //! * **Windows** of at least [`RHO_WINDOW_MS`] of *receive* time (the caller's `now_ms`, so the
 //!   simulator drives the meter in virtual time) make one sample; shorter gaps only accumulate.
@@ -27,8 +26,10 @@
 //!   sample is 1.
 //! * **Smoothing**: an exponentially weighted mean with weight `1 − e^{−Δt/τ}`, τ =
 //!   [`RHO_TAU_MS`] (the engine's own throughput window), so uneven windows weigh by their length.
-//! * **Cap** ρ ≤ B/(B+1): the mean number in an M/M/1 system, ρ/(1−ρ), then stays within one full
-//!   batch, so a price built on it stays finite under overload.
+//! * **Cap** ρ ≤ B/(B+1), B the most requests the engine holds at once (its slot bound
+//!   `max_running_requests`, or as many of its running requests' mean KV footprint as its pool
+//!   holds, whichever is fewer): the mean number in an M/M/1 system, ρ/(1−ρ), then stays within
+//!   one batch, so a price built on it stays finite under overload.
 //! * **Restarts** (a counter going back) move the baseline and keep the estimate, as
 //!   [`super::prefill_rate::PrefillRate`] does.
 //! * **Without the counters** (vLLM, older SGLang: no moments and no prefill busy time) ρ is the
@@ -71,9 +72,9 @@ pub struct UtilSample {
 pub enum UtilSource {
     /// Not measured yet.
     Unknown = 0,
-    /// Prefill busy time and decode moments at full-batch cost.
-    Capacity = 1,
-    /// Batch occupancy (running requests ÷ the full batch): no counters.
+    /// Prefill busy time.
+    Prefill = 1,
+    /// Batch occupancy (running requests ÷ the batch bound): no counters.
     Slots = 2,
 }
 
@@ -81,31 +82,10 @@ impl UtilSource {
     pub fn as_str(self) -> &'static str {
         match self {
             UtilSource::Unknown => "unknown",
-            UtilSource::Capacity => "capacity",
+            UtilSource::Prefill => "prefill",
             UtilSource::Slots => "slots",
         }
     }
-}
-
-/// µs per decode token at a full batch of `b` from cumulative decode `moments`: the fitted step
-/// cost α + β·b spread over `b` tokens; the mean cost per token when every step had one batch
-/// size (or the fit is not usable). `None` without a decode step, or for numbers that are not
-/// finite and positive (they come from a peer).
-pub fn full_batch_us_per_token(m: &[f64; 6], b: f64) -> Option<f64> {
-    let [n, sb, st, sbb, sbt, _] = *m;
-    if !m.iter().all(|x| x.is_finite()) || n < 1.0 || sb <= 0.0 || st <= 0.0 || b < 1.0 {
-        return None;
-    }
-    let mean = st / sb;
-    let den = n * sbb - sb * sb;
-    // Relative to Σb²·n: rounding leaves a residue of that order when every b was equal.
-    if den <= 1e-9 * n * sbb {
-        return Some(mean);
-    }
-    let beta = (n * sbt - sb * st) / den;
-    let alpha = (st - beta * sb) / n;
-    let d = alpha / b + beta;
-    Some(if d.is_finite() && d > 0.0 { d } else { mean })
 }
 
 /// One rank's utilisation meter.
@@ -166,15 +146,7 @@ impl Utilisation {
         let batch = batch_bound(s);
         let sample = if s.moments.is_some() || s.prefill_busy_us > 0 {
             let busy = (s.prefill_busy_us - self.base_busy_us.load(Relaxed)) as f64;
-            let decode_us = match (s.moments, batch) {
-                (Some(m), Some(b)) => full_batch_us_per_token(&m, b)
-                    .map_or(0.0, |d| (g - f64::from_bits(self.base_g.load(Relaxed))) * d),
-                _ => 0.0,
-            };
-            Some((
-                UtilSource::Capacity,
-                (busy + decode_us) / (dt_ms as f64 * 1000.0),
-            ))
+            Some((UtilSource::Prefill, busy / (dt_ms as f64 * 1000.0)))
         } else {
             batch.map(|b| (UtilSource::Slots, s.running as f64 / b))
         };
@@ -230,7 +202,7 @@ impl Utilisation {
     /// What the estimate was last measured from.
     pub fn source(&self) -> UtilSource {
         match self.source.load(Relaxed) {
-            1 => UtilSource::Capacity,
+            1 => UtilSource::Prefill,
             2 => UtilSource::Slots,
             _ => UtilSource::Unknown,
         }
@@ -251,9 +223,9 @@ pub fn rho_of_bits(bits: u64) -> Option<f64> {
 /// The bits that mean "no ρ".
 pub const RHO_NONE_BITS: u64 = NONE_BITS;
 
-/// The full batch a full-batch cost is taken at: the fewer of the published slot bound and the
-/// running requests' mean KV footprint as many times as the pool holds it (see the module docs);
-/// without a slot bound, the batch an average decoded token ran in (Σb²/Σb), from the moments.
+/// The most requests the engine holds at once: the fewer of the published slot bound and the
+/// running requests' mean KV footprint as many times as the pool holds it; without a slot bound,
+/// the batch an average decoded token ran in (Σb²/Σb), from the moments.
 fn batch_bound(s: &UtilSample) -> Option<f64> {
     let slots = if s.max_running > 0 {
         Some(s.max_running as f64)

@@ -23,8 +23,10 @@
 //! request goes, so it is not the placement's doing; without any hit the term is 0 everywhere and
 //! the policy is exactly the plain TTFT (S0–S2 unchanged by construction).
 //!
-//! **Which ρ.** A worker's own utilisation ρ(i) (from its engine's published counters, smoothed by
-//! the book), floored at the fleet's capacity-weighted mean ρ̄: a less busy worker's headroom is
+//! **Which ρ.** A worker's own utilisation ρ(i): the share of time its prefill is busy, since a
+//! recompute delays the first tokens queued behind it and the engine schedules prefill first (1
+//! while its queue does not drain, whatever the bottleneck; from its engine's published counters,
+//! smoothed by the book, [`crate::book::utilisation`]), floored at the fleet's capacity-weighted mean ρ̄: a less busy worker's headroom is
 //! what every other request would use, so taking it costs at least the fleet's price (the failure
 //! above is exactly "move to the briefly less busy worker"); a worker above the mean pays its own.
 //! Unknown ρ (stale load, an engine that publishes no counters) prices 0: today's behaviour.

@@ -93,8 +93,9 @@ pub trait View {
     fn pending_transfers(&self, _i: usize) -> Option<i64> {
         None
     }
-    /// Worker i's utilisation ρ in [0, 1): the share of its full-batch capacity in use, smoothed
-    /// over the engine's rate window; None when unknown or its load is stale.
+    /// Worker i's utilisation ρ in [0, 1): the share of time its prefill is busy (1 while its
+    /// queue does not drain), smoothed over the engine's rate window; None when unknown or its
+    /// load is stale.
     fn utilisation(&self, _i: usize) -> Option<f64> {
         None
     }
