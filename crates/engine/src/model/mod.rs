@@ -10,9 +10,10 @@
 //! * a decode step generates one token for every running request;
 //! * a **prefix cache** ([`crate::radix`]) when requests carry token ids: a request's longest
 //!   cached prefix skips prefill, its path is locked while it runs, a prefilled request that runs
-//!   on publishes its prompt's pages at once (SGLang's `checkpoint_kv_cache`, so a session's next
-//!   turn can match a turn still decoding), a finished request inserts its prompt and output, and
-//!   the pool evicts unlocked least-recently-used pages before it retracts anyone (`pool.rs`). Requests given only as token counts never match and are never cached;
+//!   on publishes its prompt at once (SGLang's `checkpoint_kv_cache`: a session's next turn
+//!   matches a turn still decoding), a finished one inserts its prompt and output, and the pool
+//!   evicts unlocked LRU pages before it retracts anyone (`pool.rs`). Token-count-only requests
+//!   never match and are never cached;
 //! * a **host tier** when `host_tier.tokens > 0` (SGLang's HiCache, [`crate::host_tier`]):
 //!   evicted pages are demoted to a host pool; a request whose prefix continues there has those
 //!   pages loaded back at admission, and its prefill step pays `loaded / load_tokens_per_s`
@@ -20,9 +21,8 @@
 //! * **LoRA adapters** when `lora.max_loaded > 0` (`lora.rs`): a request runs only while its
 //!   adapter is resident; a load pauses the step for `lora.load_time_s` and evicts the least
 //!   recently used adapter no admitted request uses;
-//! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch` (+ load-back
-//!   and adapter-load time), where prefill tokens are the uncached ones.
-//!
+//! * step time `base + a·prefill_tokens + b·batch_size + c·kv_tokens_in_batch` (+ load-back and
+//!   adapter-load time), prefill tokens being the uncached ones;
 //! * **prefill–decode disaggregation** (`pd.rs`): a prefill engine's request, once prefilled,
 //!   holds its KV in the transfer queue until the KV has been sent, and then finishes with its
 //!   first token; a decode engine's request waits without KV until its KV has arrived, and is
@@ -117,14 +117,12 @@ struct Req {
     chain: PageChain,
     /// Cached tokens when queued: what `num_waiting_uncached_tokens` leaves out.
     queued_hit: u64,
-    /// The locked prefix the cache holds for it while admitted (0 while waiting): its cached
-    /// prefix at admission, and its whole prompt once prefilled ([`Scheduler::checkpoint`]).
+    /// Its locked cached prefix while admitted (0 while waiting); its prompt once prefilled.
     shared: u64,
     /// The cached prefix it was admitted with (tokens it did not prefill).
     admitted_hit: u64,
     lock: PathLock,
-    /// Tokens of `shared` loaded back from the host tier at admission, whose copy time the next
-    /// prefill step of this request pays.
+    /// Tokens of `shared` loaded back from the host tier, paid by its next prefill step.
     loaded: u64,
     /// Its LoRA adapter (an index into the engine's table), `None` for the base model.
     adapter: Option<u32>,
