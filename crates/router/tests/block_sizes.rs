@@ -41,10 +41,20 @@ async fn engines_at_page_sizes_1_16_and_64_all_get_kv_index_hits() {
         // A client talks to the engine directly: only its KV events tell the router.
         let shared = prompt(&format!("tenant{size}"), 1200);
         complete_ok(&c, url, &json!({ "prompt": shared, "max_tokens": 1 })).await;
-        wait_for("the router indexes the engine's pages", 20, || async {
-            let w = worker_json(&c, &r.url(), url).await;
-            w["kv_events"]["blocks"].as_u64().unwrap_or(0) * size as u64 >= 1100
-        })
+        // ... and has seen the engine idle again: a snapshot still showing the direct request's
+        // prefill queued would price the holder as busy (a race a loaded CI machine lost).
+        wait_for(
+            "the router indexes the engine's pages and sees it idle",
+            20,
+            || async {
+                let w = worker_json(&c, &r.url(), url).await;
+                let rank = &w["ranks"][0];
+                w["kv_events"]["blocks"].as_u64().unwrap_or(0) * size as u64 >= 1100
+                    && rank["running"] == json!(0)
+                    && rank["waiting"] == json!(0)
+                    && rank["backlog_tokens"] == json!(0)
+            },
+        )
         .await;
         for i in 0..4 {
             let body = json!({ "prompt": format!("{shared} question {i}"), "max_tokens": 1 });
