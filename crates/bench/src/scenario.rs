@@ -154,6 +154,7 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
         }),
         "agentic" => Ok(saturation::agentic(s1)),
         "gsp" => Ok(saturation::gsp(s1)),
+        "agentic-kv" => Ok(saturation::agentic_kv(s1)),
         "tiers" => Ok(tiers::scenario()),
         "models" => Ok(models::scenario()),
         o => Err(format!(

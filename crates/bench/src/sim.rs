@@ -37,6 +37,8 @@ mod outcome;
 mod pd;
 mod queues;
 mod ranks;
+mod routing;
+mod sessions;
 #[cfg(test)]
 mod utilisation_tests;
 
@@ -46,6 +48,7 @@ pub use oracle::{ORACLES, Oracle};
 pub use outcome::{HOT_QUEUE_MIN, Outcome, QueueStats, isolated_ttft, quantile};
 pub use pd::{DecodePolicy, KvLink, PdFleet, PdTimeline, first_decode_step};
 pub use ranks::RankRouting;
+pub use routing::{DirectTarget, SimRouter};
 
 use crate::workload::Arrival;
 use admission::{AdmissionQueue, Refused};
@@ -59,34 +62,13 @@ use loadlink_router::admission::{AdmissionConfig, Gate};
 use loadlink_router::candidate::{Candidate, Candidates};
 use loadlink_router::fleet::FleetView;
 use loadlink_router::policy::mix;
-use loadlink_router::{InflightGuard, LoadSignal, Policy, Source, Worker};
+use loadlink_router::{InflightGuard, LoadSignal, Source, Worker};
 use queues::QueueSamples;
 use ranks::{Dispatcher, Layout};
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Who routes the routed requests.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SimRouter {
-    /// Router replicas running a production policy.
-    Policy(Policy),
-    /// Exact knowledge of every engine, soonest first token ([`clairvoyant`]); the same router as
-    /// `Oracle(Oracle::Greedy)`.
-    Clairvoyant,
-    /// One oracle of the bound's family ([`oracle`]).
-    Oracle(Oracle),
-}
-
-/// Where direct (router-bypassing) traffic goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DirectTarget {
-    /// Spread uniformly over engines.
-    Uniform,
-    /// All of it on engine 0 (a hot tenant, a pinned batch job).
-    Pinned,
-}
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -171,6 +153,8 @@ struct Sim<'a> {
     pd: Option<pd::PdState>,
     /// The arrivals' page chains, for the lookahead oracle ([`oracle`]).
     chains: oracle::ChainMemo,
+    /// Which arrivals wait for their session's previous turn ([`sessions`]).
+    sessions: sessions::ClosedLoop,
 }
 
 fn ms(t: f64) -> u64 {
@@ -232,7 +216,9 @@ impl Sim<'_> {
 
     fn run(&mut self) {
         for i in 0..self.arrivals.len() {
-            self.push(self.arrivals[i].t, Ev::Arrive(i));
+            if !self.sessions.held(i) {
+                self.push(self.arrivals[i].t, Ev::Arrive(i));
+            }
         }
         for e in 0..self.engines.len() {
             self.push(0.0, Ev::Heartbeat(e));
@@ -296,6 +282,9 @@ impl Sim<'_> {
                     r.first.get_or_insert(t);
                     r.guard = None;
                     self.remaining -= 1;
+                    if let Some((next, think_s)) = self.sessions.next(id as usize) {
+                        self.push(t + think_s, Ev::Arrive(next));
+                    }
                     self.out.makespan = t;
                 }
                 Event::Token { .. } => {}
@@ -304,10 +293,10 @@ impl Sim<'_> {
         self.advance(e, t, started);
     }
 
-    /// Request `i` will never be sent (refused by admission).
-    fn reject(&mut self) {
+    /// Request `i` will never be sent (refused by admission); nor will its session's later turns.
+    fn reject(&mut self, i: usize) {
         self.out.rejected += 1;
-        self.remaining -= 1;
+        self.remaining -= 1 + self.sessions.abandon(i);
     }
 
     fn submit_of(&self, i: usize) -> Submit {
@@ -323,6 +312,7 @@ impl Sim<'_> {
     }
 
     fn arrive(&mut self, i: usize, t: f64) {
+        self.reqs[i].arrived = t; // a closed-loop turn's nominal time is not when it is sent
         if self.arrive_pd(i, t) {
             return;
         }
@@ -366,7 +356,7 @@ impl Sim<'_> {
         let list = self.models.candidates(i);
         if list.is_empty() {
             if arrival {
-                self.reject(); // no engine serves its model
+                self.reject(i); // no engine serves its model
             }
             return None;
         }
@@ -408,7 +398,7 @@ impl Sim<'_> {
                     _ => Refused::Rejected,
                 };
                 match queued {
-                    Refused::Rejected => self.reject(),
+                    Refused::Rejected => self.reject(i),
                     Refused::Queued => self.schedule_poll(r, t),
                 }
             }
@@ -492,6 +482,7 @@ pub fn simulate_with_queues(
             .pd
             .map(|f| pd::PdState::new(f, layout.engines, arrivals.len())),
         chains: Default::default(),
+        sessions: sessions::ClosedLoop::new(arrivals),
     };
     sim.set_pd_modes();
     sim.run();

@@ -89,6 +89,19 @@ pub struct Arrival {
     pub prompt: Option<Arc<[u32]>>,
     /// The model the request names, and the adapter of it; `None`: the fleet's one model.
     pub model: Option<ModelRef>,
+    /// A closed-loop session's turn: sent when the session's previous turn has finished, after
+    /// a think time; `None`: sent at `t` (open loop).
+    pub turn: Option<Turn>,
+}
+
+/// Where a request sits in a closed-loop session. The simulator sends turn `index` of `session`
+/// `think_s` after turn `index − 1` finished (its `t` is then only nominal); a turn whose
+/// predecessor is not among the arrivals (it fell before the run) is sent at its `t`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Turn {
+    pub session: u64,
+    pub index: u32,
+    pub think_s: f64,
 }
 
 /// What a request of a many-model fleet names: a served model, and optionally one of its LoRA
@@ -190,6 +203,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<Arrival> {
             stream: rng.unit() < spec.stream_fraction,
             direct: rng.unit() < spec.direct_fraction,
             prompt: None,
+            turn: None,
             model: None,
         });
     }

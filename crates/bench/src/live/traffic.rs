@@ -307,6 +307,7 @@ mod tests {
             stream: true,
             direct: false,
             prompt: Some(vec![17u32, 18].into()),
+            turn: None,
             model: None,
         };
         let plain = body(&a, 0, (None, AdapterField::Colon));
@@ -328,6 +329,7 @@ mod tests {
             stream: true,
             direct: false,
             prompt: Some(vec![17u32].into()),
+            turn: None,
             model: Some(crate::workload::ModelRef {
                 model: "base".into(),
                 adapter: Some("tenant-03".into()),

@@ -73,6 +73,27 @@ pub fn agentic(s1: Scenario) -> Scenario {
     }
 }
 
+/// PROBE: agentic with overrides from the environment.
+pub fn agentic_kv(s1: Scenario) -> Scenario {
+    let env = |k: &str, d: f64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let a = AgentSessions {
+        system: Len::new(env("P_SYS", 2048.0), 0.0),
+        turns: Len::new(env("P_TURNS", 12.0), 0.5),
+        max_turns: env("P_MAXT", 40.0) as u64,
+        tool_result: Len::new(env("P_RES", 400.0), 0.8),
+        tool_latency_mean_s: env("P_LAT", 1.5),
+        closed_loop: env("P_CL", 0.0) > 0.0,
+        ..AgentSessions::default()
+    };
+    let mut s = agentic(s1);
+    s.name = "agentic-kv";
+    s.engines = env("P_ENG", 8.0) as usize;
+    s.routers = env("P_RT", 4.0) as usize;
+    s.model.max_total_tokens = env("P_POOL", 200_000.0) as u64;
+    s.workload = Workload::Prefix(vec![(1.0, Shape::Agentic(a))]);
+    s
+}
+
 /// SGLang's generated-shared-prefix benchmark on S1's fleet, every request routed.
 pub fn gsp(s1: Scenario) -> Scenario {
     Scenario {

@@ -57,12 +57,17 @@ impl AdmissionQueue {
     }
 
     /// Removes the entries whose deadline has passed at `t`; returns how many.
-    pub fn expire(&mut self, t: f64) -> usize {
-        let before = self.entries.len();
-        while self.entries.front().is_some_and(|&(_, d)| d <= t) {
+    /// Drops the entries past their deadline at `t`; their arrivals' indices.
+    pub fn expire(&mut self, t: f64) -> Vec<usize> {
+        let mut gone = Vec::new();
+        while let Some(&(i, d)) = self.entries.front() {
+            if d > t {
+                break;
+            }
+            gone.push(i);
             self.entries.pop_front();
         }
-        before - self.entries.len()
+        gone
     }
 
     pub fn head(&self) -> Option<usize> {
@@ -84,8 +89,8 @@ impl Sim<'_> {
     pub(super) fn poll_admission(&mut self, r: usize, t: f64) {
         self.admit[r].poll_pending = false;
         loop {
-            for _ in 0..self.admit[r].expire(t) {
-                self.reject();
+            for i in self.admit[r].expire(t) {
+                self.reject(i);
             }
             let Some(i) = self.admit[r].head() else {
                 return;
@@ -130,14 +135,14 @@ mod tests {
         assert_eq!(q.refuse(&cfg, 8, 0.05), Refused::Queued);
         assert_eq!(q.refuse(&cfg, 9, 0.06), Refused::Rejected, "full");
         assert_eq!(q.head(), Some(7));
-        assert_eq!(q.expire(0.099), 0);
+        assert!(q.expire(0.099).is_empty());
         assert_eq!(
             q.expire(0.1),
-            1,
+            [7],
             "the head's deadline is its arrival + 100 ms"
         );
         assert_eq!(q.head(), Some(8));
-        assert_eq!(q.expire(1.0), 1);
+        assert_eq!(q.expire(1.0), [8]);
         assert!(q.is_empty());
     }
 

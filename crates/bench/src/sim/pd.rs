@@ -184,7 +184,7 @@ impl Sim<'_> {
             };
             let Some(decode) = self.route_decode(i, t) else {
                 self.reqs[i].guard = None;
-                self.reject();
+                self.reject(i);
                 return true;
             };
             (prefill, decode)

@@ -44,6 +44,7 @@ fn routed(t: f64) -> Arrival {
         stream: true,
         direct: false,
         prompt: None,
+        turn: None,
         model: None,
     }
 }

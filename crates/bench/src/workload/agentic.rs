@@ -4,12 +4,15 @@
 //! context therefore grows by a tool call and a tool result every turn, and a session's late
 //! turns carry thousands of tokens of history that only the engine holding it has cached.
 //!
-//! Open-loop like [`super::ChatSessions`]: the next turn arrives at this turn's arrival + the tool
-//! call's tokens × `est_decode_step_s` + an exponential tool latency. Sessions start as a Poisson
-//! process at `rate / mean turns`, from far enough before 0 that the mix of early and late turns
-//! is steady at 0 (turns before 0 are not sent).
+//! Open-loop like [`super::ChatSessions`] by default: the next turn arrives at this turn's arrival
+//! + the tool call's tokens × `est_decode_step_s` + an exponential tool latency. With
+//! `closed_loop` the same turns carry a [`Turn`]: the simulator sends each one the tool latency
+//! after the previous one finished (`sim::sessions`). Sessions start as a Poisson process at
+//! `rate / mean turns`, from far enough before 0 that the mix of early and late turns is steady at
+//! 0 (turns before 0 are not sent).
 
 use super::prefix::{Gen, text};
+use super::Turn;
 use super::shapes::{AgentSessions, Len};
 use loadlink_engine::tokenize::{OUTPUT_TEXT, render_chat};
 
@@ -25,7 +28,7 @@ impl Gen<'_> {
             .map(|k| self.fixed_text(k as u64, a.system))
             .collect();
         let mut start = -warmup;
-        loop {
+        for session in 0u64.. {
             start += self.rng.exp(session_rate);
             if start >= self.traffic.duration_s || !start.is_finite() {
                 return;
@@ -37,18 +40,26 @@ impl Gen<'_> {
                 ("system", systems[kind].clone()),
                 ("user", text(&mut self.rng, task)),
             ];
-            let mut t = start;
-            for _ in 0..turns {
+            let (mut t, mut think_s) = (start, 0.0);
+            for index in 0..turns as u32 {
                 let call = a.tool_call.draw(&mut self.rng, max);
                 if (0.0..self.traffic.duration_s).contains(&t) {
                     let prompt = render_chat(messages.iter().map(|(r, m)| (*r, m.as_str())));
                     self.push(t, prompt, call);
+                    if a.closed_loop {
+                        let turn = Turn {
+                            session,
+                            index,
+                            think_s,
+                        };
+                        self.out.last_mut().expect("just pushed").turn = Some(turn);
+                    }
                 }
                 messages.push(("assistant", OUTPUT_TEXT.repeat(call as usize)));
                 let result = a.tool_result.draw(&mut self.rng, max);
                 messages.push(("user", text(&mut self.rng, result)));
-                t += call as f64 * a.est_decode_step_s
-                    + self.rng.exp(1.0 / a.tool_latency_mean_s.max(1e-3));
+                think_s = self.rng.exp(1.0 / a.tool_latency_mean_s.max(1e-3));
+                t += call as f64 * a.est_decode_step_s + think_s;
             }
         }
     }

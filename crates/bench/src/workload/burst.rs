@@ -81,6 +81,7 @@ mod tests {
                 stream: true,
                 direct: false,
                 prompt: None,
+                turn: None,
                 model: None,
             })
             .collect();

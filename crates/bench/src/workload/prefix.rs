@@ -77,7 +77,7 @@ impl Zipf {
 pub(super) struct Gen<'a> {
     pub(super) traffic: &'a Traffic,
     pub(super) rng: Rng,
-    out: Vec<Arrival>,
+    pub(super) out: Vec<Arrival>,
 }
 
 impl<'a> Gen<'a> {
@@ -104,6 +104,7 @@ impl<'a> Gen<'a> {
             stream: self.rng.unit() < tr.stream_fraction,
             direct: self.rng.unit() < tr.direct_fraction,
             prompt: Some(prompt.into()),
+            turn: None,
             model: None,
         });
     }

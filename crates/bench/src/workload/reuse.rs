@@ -93,6 +93,7 @@ mod tests {
             stream: true,
             direct: false,
             prompt: Some(ids.into()),
+            turn: None,
             model: None,
         }
     }

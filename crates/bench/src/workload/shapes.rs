@@ -146,6 +146,9 @@ pub struct AgentSessions {
     pub tool_latency_mean_s: f64,
     /// Seconds per output token in the estimate of when an answer is done (as in chat).
     pub est_decode_step_s: f64,
+    /// Send each turn when the previous one has finished plus the tool latency (an agent waits
+    /// for its answer), instead of on the estimated clock.
+    pub closed_loop: bool,
 }
 
 impl Default for AgentSessions {
@@ -161,6 +164,7 @@ impl Default for AgentSessions {
             tool_result: Len::new(400.0, 0.8),
             tool_latency_mean_s: 1.5,
             est_decode_step_s: 0.03,
+            closed_loop: false,
         }
     }
 }

@@ -62,6 +62,7 @@ fn read_line(line: &str) -> Result<Arrival, String> {
         stream: flag("stream", true),
         direct: flag("direct", false),
         prompt,
+        turn: None,
         model: read_model(&v)?,
     })
 }
@@ -216,6 +217,7 @@ mod tests {
                 stream: true,
                 direct: true,
                 prompt: Some(vec![OUTPUT_TOKEN, 17, 99].into()),
+                turn: None,
                 model: None,
             },
             Arrival {
@@ -225,6 +227,7 @@ mod tests {
                 stream: false,
                 direct: false,
                 prompt: None,
+                turn: None,
                 model: Some(ModelRef {
                     model: "base".into(),
                     adapter: Some("tenant-3".into()),
