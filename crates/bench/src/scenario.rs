@@ -154,11 +154,11 @@ pub fn by_name(name: &str) -> Result<Scenario, String> {
         }),
         "agentic" => Ok(saturation::agentic(s1)),
         "gsp" => Ok(saturation::gsp(s1)),
-        "agentic-kv" => Ok(saturation::agentic_kv(s1)),
+        "agentic-closed" => Ok(saturation::agentic_closed(s1)),
         "tiers" => Ok(tiers::scenario()),
         "models" => Ok(models::scenario()),
         o => Err(format!(
-            "unknown scenario {o:?}; expected one of {}, agentic, gsp, tiers, models",
+            "unknown scenario {o:?}; expected one of {}, agentic, agentic-closed, gsp, tiers, models",
             NAMES.join(", ")
         )),
     }

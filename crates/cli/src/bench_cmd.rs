@@ -107,7 +107,9 @@ pub struct Common {
     /// 2 decode engines against 4 aggregated ones; its own comparison too); tiers (a host KV
     /// tier, priced tier-aware or tier-blind) or models (3 models and 32 LoRA adapters of one of
     /// them on 8 engines: min_ttft adapter-aware against adapter-blind); both run their own
-    /// comparison too.
+    /// comparison too; agentic (long agentic sessions, open loop: turns on their nominal clock),
+    /// agentic-closed (the same sessions, each turn sent once the previous one is answered) or gsp
+    /// (SGLang's generated-shared-prefix): the placement-near-saturation workloads.
     #[arg(long, default_value = "s1")]
     pub(crate) scenario: String,
     /// Workload seed (same seed, same workload).

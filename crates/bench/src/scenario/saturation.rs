@@ -7,6 +7,9 @@
 //!   system-and-tools prompts, ~12 turns of a ~120-token tool call and a ~400-token tool result, so
 //!   contexts grow to several thousand tokens) on a larger fleet: 8 engines, 4 router replicas, no
 //!   direct traffic.
+//! * `agentic-closed`: the same sessions closed-loop (a turn waits for the previous answer and the
+//!   tool), the faithful form; under a backlog it does not pile turns up, it keeps more sessions
+//!   alive at once.
 //! * `gsp`: SGLang bench_serving's `generated-shared-prefix` defaults (64 groups, 2,048-token
 //!   system prompts, 128-token questions, 256 output tokens), enough prompts per group for the
 //!   run, on S1's fleet with every request through the routers (bench_serving targets the router).
@@ -73,25 +76,24 @@ pub fn agentic(s1: Scenario) -> Scenario {
     }
 }
 
-/// PROBE: agentic with overrides from the environment.
-pub fn agentic_kv(s1: Scenario) -> Scenario {
-    let env = |k: &str, d: f64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let a = AgentSessions {
-        system: Len::new(env("P_SYS", 2048.0), 0.0),
-        turns: Len::new(env("P_TURNS", 12.0), 0.5),
-        max_turns: env("P_MAXT", 40.0) as u64,
-        tool_result: Len::new(env("P_RES", 400.0), 0.8),
-        tool_latency_mean_s: env("P_LAT", 1.5),
-        closed_loop: env("P_CL", 0.0) > 0.0,
-        ..AgentSessions::default()
-    };
-    let mut s = agentic(s1);
-    s.name = "agentic-kv";
-    s.engines = env("P_ENG", 8.0) as usize;
-    s.routers = env("P_RT", 4.0) as usize;
-    s.model.max_total_tokens = env("P_POOL", 200_000.0) as u64;
-    s.workload = Workload::Prefix(vec![(1.0, Shape::Agentic(a))]);
-    s
+/// [`agentic`] with closed-loop sessions: each turn is sent when the previous one has been
+/// answered, after the tool's latency (an agent cannot call the model again before it has read the
+/// answer). Same sessions, same fleet, same calibration; what differs under a backlog is that the
+/// sessions slow down instead of piling their turns up, and more of them are alive at once.
+pub fn agentic_closed(s1: Scenario) -> Scenario {
+    Scenario {
+        name: "agentic-closed",
+        about: "agentic, closed loop: each turn is sent once the previous one finished, after the \
+                tool latency; 8 engines, 4 routers, no direct traffic; 85% of cache-blind capacity",
+        workload: Workload::Prefix(vec![(
+            1.0,
+            Shape::Agentic(AgentSessions {
+                closed_loop: true,
+                ..AgentSessions::default()
+            }),
+        )]),
+        ..agentic(s1)
+    }
 }
 
 /// SGLang's generated-shared-prefix benchmark on S1's fleet, every request routed.

@@ -113,4 +113,31 @@ mod tests {
             arrivals.iter().map(|x| x.prompt_tokens).sum::<u64>() as f64 / arrivals.len() as f64;
         assert!((4_000.0..9_000.0).contains(&mean), "mean prompt {mean}");
     }
+
+    #[test]
+    fn closed_loop_sessions_send_the_same_turns_each_after_the_previous_one() {
+        let open = AgentSessions::default();
+        let closed = AgentSessions {
+            closed_loop: true,
+            ..open.clone()
+        };
+        let traffic = Traffic::new(5, 120.0, 6.0);
+        let a = generate_mix(&traffic, &[(1.0, Shape::Agentic(open))]);
+        let b = generate_mix(&traffic, &[(1.0, Shape::Agentic(closed.clone()))]);
+        assert_eq!(a.len(), b.len());
+        let mut last: std::collections::HashMap<u64, (u32, &Arrival)> = Default::default();
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x, &Arrival { turn: None, ..y.clone() }, "only the turn differs");
+            let turn = y.turn.expect("every closed-loop turn carries its session");
+            assert!(turn.think_s >= 0.0);
+            if let Some((index, prev)) = last.insert(turn.session, (turn.index, y)) {
+                assert_eq!(turn.index, index + 1, "a session's turns are consecutive");
+                assert!(ids(y).starts_with(ids(prev)), "and continue its context");
+                let gap = y.t - prev.t;
+                let think = gap - prev.output_tokens as f64 * closed.est_decode_step_s;
+                assert!((think - turn.think_s).abs() < 1e-9, "nominal gap = decode + think");
+            }
+        }
+    }
 }
+
