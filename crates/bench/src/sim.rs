@@ -38,7 +38,7 @@ mod pd;
 mod queues;
 mod ranks;
 mod routing;
-mod sessions;
+pub(crate) mod sessions;
 #[cfg(test)]
 mod utilisation_tests;
 

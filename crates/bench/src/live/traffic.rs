@@ -19,6 +19,7 @@
 use super::LiveConfig;
 use super::pd::{PdWorkers, with_bootstrap};
 use crate::scenario::Scenario;
+use crate::sim::sessions::ClosedLoop;
 use crate::sim::{DirectTarget, isolated_ttft};
 use crate::workload::Arrival;
 use loadlink_router::policy::mix;
@@ -178,7 +179,9 @@ async fn send_pair(
     measured
 }
 
-/// Sends every arrival at its (compressed) time and waits for all of them.
+/// Sends every arrival at its (compressed) time and waits for all of them. A closed-loop
+/// session's turn ([`crate::workload::Turn`]) is sent instead once the previous turn's answer has
+/// streamed to its end, after the think time (compressed too); a turn that fails ends its session.
 pub(super) async fn drive(
     cfg: &LiveConfig,
     client: &reqwest::Client,
@@ -190,40 +193,86 @@ pub(super) async fn drive(
     let (s, k) = (&cfg.scenario, cfg.time_scale);
     let start = Instant::now();
     let mut floors = std::collections::HashMap::new();
-    let mut tasks = Vec::with_capacity(arrivals.len());
-    for (i, a) in arrivals.iter().enumerate() {
-        let at = start + Duration::from_secs_f64(a.t / k);
-        let url = target(s, i, a, engines, routers);
-        let floor = *floors
-            .entry(a.prompt_tokens)
-            .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
-        let named = (openai_model, cfg.adapter_field);
-        let (c, body) = (client.clone(), body(a, i, named));
-        let pair = pd.filter(|_| a.direct).cloned();
-        let later_tokens = a.output_tokens.saturating_sub(1);
-        let arrived = a.t;
-        tasks.push(tokio::spawn(async move {
-            let sent = match pair {
-                Some(sides) => send_pair(c, at, (&sides, i), body).await,
-                None => send_one(c, at, url, body).await,
-            };
-            sent.map(|(ttft, e2e)| Done {
-                arrived,
-                ttft: ttft * k,
-                e2e: e2e * k,
+    let mut requests: Vec<Option<Request>> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let floor = *floors
+                .entry(a.prompt_tokens)
+                .or_insert_with(|| isolated_ttft(s.model, a.prompt_tokens));
+            Some(Request {
+                i,
+                url: target(s, i, a, engines, routers),
+                body: body(a, i, (openai_model, cfg.adapter_field)),
+                pair: pd.filter(|_| a.direct).cloned(),
                 floor,
-                tpot: (later_tokens > 0).then(|| (e2e - ttft) * k / later_tokens as f64),
+                later_tokens: a.output_tokens.saturating_sub(1),
             })
+        })
+        .collect();
+    let sessions = ClosedLoop::new(arrivals);
+    let mut tasks = Vec::new();
+    for first in (0..arrivals.len()).filter(|&i| !sessions.held(i)) {
+        // The session's turns in order, each with the think time before it.
+        let chain: Vec<(Request, f64)> =
+            std::iter::successors(Some((first, 0.0)), |&(i, _)| sessions.next(i))
+                .filter_map(|(i, think)| Some((requests[i].take()?, think)))
+                .collect();
+        let (c, at) = (
+            client.clone(),
+            start + Duration::from_secs_f64(arrivals[first].t / k),
+        );
+        tasks.push(tokio::spawn(async move {
+            let (mut at, mut done) = (at, Vec::with_capacity(chain.len()));
+            for (turn, (r, think)) in chain.into_iter().enumerate() {
+                if turn > 0 {
+                    at = Instant::now() + Duration::from_secs_f64(think / k);
+                }
+                let arrived = at.saturating_duration_since(start).as_secs_f64() * k;
+                let Some(d) = r.send(c.clone(), at, arrived, k).await else {
+                    break;
+                };
+                done.push(d);
+            }
+            done
         }));
     }
     let (n, mut measured) = (tasks.len(), Measured::new());
     for (j, t) in tasks.into_iter().enumerate() {
-        measured.extend(t.await.ok().flatten());
+        measured.extend(t.await.ok().into_iter().flatten());
         if j % 200 == 0 {
-            progress(&format!("{label}: {j}/{n} requests done"));
+            progress(&format!("{label}: {j}/{n} sessions done"));
         }
     }
+    measured.sort_by(|a, b| a.arrived.total_cmp(&b.arrived));
     measured
+}
+
+/// One arrival, ready to send.
+struct Request {
+    i: usize,
+    url: String,
+    body: serde_json::Value,
+    pair: Option<PdWorkers>,
+    floor: f64,
+    later_tokens: u64,
+}
+
+impl Request {
+    /// Sends it at `at` (trace time `arrived`); its figures in trace seconds (× `k`).
+    async fn send(self, c: reqwest::Client, at: Instant, arrived: f64, k: f64) -> Option<Done> {
+        let (ttft, e2e) = match self.pair {
+            Some(sides) => send_pair(c, at, (&sides, self.i), self.body).await,
+            None => send_one(c, at, self.url, self.body).await,
+        }?;
+        Some(Done {
+            arrived,
+            ttft: ttft * k,
+            e2e: e2e * k,
+            floor: self.floor,
+            tpot: (self.later_tokens > 0).then(|| (e2e - ttft) * k / self.later_tokens as f64),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -283,6 +332,84 @@ mod tests {
         assert!(ttft >= gap.as_secs_f64(), "{ttft}");
         assert!(e2e >= ttft);
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_closed_loop_turn_is_sent_after_the_previous_answer_and_the_think_time() {
+        // A loopback server that answers each request 200 ms after reading it, one per
+        // connection, and notes when each request came in.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (answer, think_s) = (Duration::from_millis(200), 0.3);
+        let server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut came = Vec::new();
+            for _ in 0..2 {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let (mut buf, mut got) = (vec![0u8; 65536], Vec::new());
+                while !got.ends_with(b"}") {
+                    let n = conn.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the client closed early");
+                    got.extend_from_slice(&buf[..n]);
+                }
+                came.push(Instant::now());
+                tokio::time::sleep(answer).await;
+                let data = "data: {}\n\ndata: [DONE]\n\n";
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\
+                     content-length: {}\r\n\r\n{data}",
+                    data.len()
+                );
+                conn.write_all(reply.as_bytes()).await.unwrap();
+            }
+            came
+        });
+        let turn = |t: f64, index: u32| Arrival {
+            t,
+            prompt_tokens: 8,
+            output_tokens: 2,
+            stream: true,
+            direct: false,
+            prompt: None,
+            model: None,
+            turn: Some(crate::workload::Turn {
+                session: 9,
+                index,
+                think_s,
+            }),
+        };
+        // Open-loop, turn 1 would go 50 ms after turn 0, before turn 0 is answered.
+        let arrivals = [turn(0.0, 0), turn(0.05, 1)];
+        let cfg = LiveConfig {
+            exe: Default::default(),
+            scenario: crate::scenario::by_name("s0").unwrap(),
+            seed: 1,
+            load: 1.0,
+            time_scale: 1.0,
+            duration_s: 1.0,
+            variants: Vec::new(),
+            adapter_field: AdapterField::default(),
+            pd_prefill: None,
+            burst: None,
+        };
+        let fleet = [url];
+        let measured = drive(
+            &cfg,
+            &reqwest::Client::new(),
+            (&arrivals, None),
+            (&fleet, &fleet, None),
+            &mut |_| {},
+            "test",
+        )
+        .await;
+        let came = server.await.unwrap();
+        let gap = (came[1] - came[0]).as_secs_f64();
+        assert!(
+            gap >= answer.as_secs_f64() + think_s,
+            "turn 1 came {gap} s after turn 0"
+        );
+        assert_eq!(measured.len(), 2);
+        assert!(measured[1].arrived >= answer.as_secs_f64() + think_s);
     }
 
     #[test]

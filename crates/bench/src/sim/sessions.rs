@@ -11,7 +11,7 @@ use crate::workload::{Arrival, Turn};
 use std::collections::HashMap;
 
 #[derive(Debug, Default)]
-pub(super) struct ClosedLoop {
+pub(crate) struct ClosedLoop {
     /// Per arrival: its session's next turn among the arrivals, and the think time before it.
     next: Vec<Option<(usize, f64)>>,
     /// Per arrival: it waits for its session's previous turn.
@@ -19,7 +19,7 @@ pub(super) struct ClosedLoop {
 }
 
 impl ClosedLoop {
-    pub(super) fn new(arrivals: &[Arrival]) -> ClosedLoop {
+    pub(crate) fn new(arrivals: &[Arrival]) -> ClosedLoop {
         let mut c = ClosedLoop {
             next: vec![None; arrivals.len()],
             held: vec![false; arrivals.len()],
@@ -38,7 +38,9 @@ impl ClosedLoop {
             else {
                 continue;
             };
-            let prev = index.checked_sub(1).and_then(|p| by_turn.get(&(session, p)));
+            let prev = index
+                .checked_sub(1)
+                .and_then(|p| by_turn.get(&(session, p)));
             if let Some(&p) = prev {
                 c.next[p] = Some((i, think_s));
                 c.held[i] = true;
@@ -48,17 +50,17 @@ impl ClosedLoop {
     }
 
     /// Arrival `i` is sent only when its session's previous turn finishes.
-    pub(super) fn held(&self, i: usize) -> bool {
+    pub(crate) fn held(&self, i: usize) -> bool {
         self.held[i]
     }
 
     /// The turn that `i` finishing releases, and after how long.
-    pub(super) fn next(&self, i: usize) -> Option<(usize, f64)> {
+    pub(crate) fn next(&self, i: usize) -> Option<(usize, f64)> {
         self.next[i]
     }
 
     /// `i` was refused: its session ends, so its later turns are never sent. How many they are.
-    pub(super) fn abandon(&self, i: usize) -> usize {
+    pub(crate) fn abandon(&self, i: usize) -> usize {
         std::iter::successors(self.next[i], |&(j, _)| self.next[j]).count()
     }
 }

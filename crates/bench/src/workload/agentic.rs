@@ -11,8 +11,8 @@
 //! `rate / mean turns`, from far enough before 0 that the mix of early and late turns is steady at
 //! 0 (turns before 0 are not sent).
 
-use super::prefix::{Gen, text};
 use super::Turn;
+use super::prefix::{Gen, text};
 use super::shapes::{AgentSessions, Len};
 use loadlink_engine::tokenize::{OUTPUT_TEXT, render_chat};
 
@@ -127,7 +127,14 @@ mod tests {
         assert_eq!(a.len(), b.len());
         let mut last: std::collections::HashMap<u64, (u32, &Arrival)> = Default::default();
         for (x, y) in a.iter().zip(&b) {
-            assert_eq!(x, &Arrival { turn: None, ..y.clone() }, "only the turn differs");
+            assert_eq!(
+                x,
+                &Arrival {
+                    turn: None,
+                    ..y.clone()
+                },
+                "only the turn differs"
+            );
             let turn = y.turn.expect("every closed-loop turn carries its session");
             assert!(turn.think_s >= 0.0);
             if let Some((index, prev)) = last.insert(turn.session, (turn.index, y)) {
@@ -135,9 +142,11 @@ mod tests {
                 assert!(ids(y).starts_with(ids(prev)), "and continue its context");
                 let gap = y.t - prev.t;
                 let think = gap - prev.output_tokens as f64 * closed.est_decode_step_s;
-                assert!((think - turn.think_s).abs() < 1e-9, "nominal gap = decode + think");
+                assert!(
+                    (think - turn.think_s).abs() < 1e-9,
+                    "nominal gap = decode + think"
+                );
             }
         }
     }
 }
-
