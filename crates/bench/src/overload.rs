@@ -159,9 +159,10 @@ pub fn compare(
 /// The comparison as a fixed-width table.
 pub fn table(rows: &[OverloadRow], p: &OverloadParams) -> String {
     let mut t = format!(
-        "{:<52} {:>8} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
+        "{:<52} {:>8} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
         "variant",
         "rejected",
+        "abandoned",
         "req/s",
         format!("good ≤{}ms", p.ttft_budget_ms),
         "TTFT p50",
@@ -172,9 +173,10 @@ pub fn table(rows: &[OverloadRow], p: &OverloadParams) -> String {
     for r in rows {
         let o = &r.outcome;
         t += &format!(
-            "{:<52} {:>7.1}% {:>9.2} {:>10.2} {:>8.3}s {:>8.3}s {:>8.3}s {:>9.2}\n",
+            "{:<52} {:>7.1}% {:>8.1}% {:>9.2} {:>10.2} {:>8.3}s {:>8.3}s {:>8.3}s {:>9.2}\n",
             r.label,
             100.0 * o.rejected as f64 / r.offered.max(1) as f64,
+            100.0 * o.abandoned as f64 / r.offered.max(1) as f64,
             r.throughput_rps,
             r.goodput_rps,
             quantile(&o.ttft, 0.5),
@@ -197,6 +199,7 @@ pub fn rows_json(rows: &[OverloadRow]) -> serde_json::Value {
                 "offered": r.offered,
                 "sent": o.submitted,
                 "rejected": o.rejected,
+                "abandoned": o.abandoned,
                 "completed": o.completed,
                 "throughput_rps": r.throughput_rps,
                 "goodput_rps": r.goodput_rps,

@@ -295,8 +295,10 @@ impl Sim<'_> {
 
     /// Request `i` will never be sent (refused by admission); nor will its session's later turns.
     fn reject(&mut self, i: usize) {
+        let abandoned = self.sessions.abandon(i);
         self.out.rejected += 1;
-        self.remaining -= 1 + self.sessions.abandon(i);
+        self.out.abandoned += abandoned;
+        self.remaining -= 1 + abandoned;
     }
 
     fn submit_of(&self, i: usize) -> Submit {

@@ -37,6 +37,9 @@ pub struct Outcome {
     pub submitted: usize,
     /// Routed requests refused by admission control (never sent, never completed).
     pub rejected: usize,
+    /// Closed-loop turns never sent because an earlier turn of their session was refused (the
+    /// agent stopped there); not counted in `rejected`.
+    pub abandoned: usize,
     /// Virtual seconds until the last completion.
     pub makespan: f64,
     /// Mean over 1 s samples of the coefficient of variation of waiting requests across engines.
