@@ -5,7 +5,7 @@
 //! turns carry thousands of tokens of history that only the engine holding it has cached.
 //!
 //! Open-loop like [`super::ChatSessions`] by default: the next turn arrives at this turn's arrival
-//! + the tool call's tokens × `est_decode_step_s` + an exponential tool latency. With
+//! plus the tool call's tokens × `est_decode_step_s` plus an exponential tool latency. With
 //! `closed_loop` the same turns carry a [`Turn`]: the simulator sends each one the tool latency
 //! after the previous one finished (`sim::sessions`). Sessions start as a Poisson process at
 //! `rate / mean turns`, from far enough before 0 that the mix of early and late turns is steady at
