@@ -91,6 +91,14 @@ impl RouterCache {
         &self.regret
     }
 
+    /// The mean eviction regret over every scheduler's slot (0 without the KV index): how much
+    /// of what the fleet's pools evict is needed again, as this router's index sees it.
+    pub(crate) fn mean_regret(&self) -> f64 {
+        let n = self.layout.units();
+        let sum: f64 = (0..n).map(|u| self.index.regret(u as Slot)).sum();
+        sum / n.max(1) as f64
+    }
+
     /// KV events of scheduler `unit` (one rank of an engine: its own stream) arrive.
     pub(crate) fn apply(&mut self, unit: usize, events: &[KvEvent]) {
         if self.view == CacheView::Index {
@@ -290,9 +298,12 @@ mod tests {
         let per_rank = look(&mut c, Candidates::listed(&ws, &ranked));
         assert_eq!(per_rank, [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
         assert_eq!(look(&mut c, Candidates::whole(&ws)), [0.0, 1.0]);
+        // The fleet's mean over its 8 schedulers: one regrets everything, the rest nothing.
+        assert_eq!(c.mean_regret(), 1.0 / 8.0);
         let mut blind = RouterCache::new(CacheView::Approx, 16, 1000, Layout::new(2, 4));
         blind.apply(5, &[stored(&[1, 2])]);
         assert_eq!(look(&mut blind, Candidates::whole(&ws)), [0.0, 0.0]);
+        assert_eq!(blind.mean_regret(), 0.0);
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub struct Outcome {
     /// The fleet's `(t, cached, prompt)` token totals at each 1 s sample (simulated runs), so a
     /// hit rate can leave out a warm-up ([`Outcome::hit_rate_since`]).
     pub cache_series: Vec<(f64, u64, u64)>,
+    /// The first router replica's mean eviction regret over the fleet's schedulers at each 1 s
+    /// sample (simulated runs with the KV index; 0 otherwise): the share of the pools' evictions
+    /// needed again within a pool turnover, the sign of pools holding less than is live.
+    pub regret_series: Vec<(f64, f64)>,
     /// Of the cached tokens, those loaded back from engines' host tiers (0 without one).
     pub loaded_back_tokens: u64,
     /// LoRA adapter loads summed over the fleet's engines (0 without adapters).

@@ -26,6 +26,9 @@ impl Sim<'_> {
             .map(super::engine::SimEngine::cache_totals)
             .fold((0, 0), |(c, p), (ec, ep)| (c + ec, p + ep));
         self.out.cache_series.push((t, totals.0, totals.1));
+        if let Some(c) = self.caches.first() {
+            self.out.regret_series.push((t, c.mean_regret()));
+        }
         self.report_adapters(t);
         if self.remaining > 0 {
             self.push(t + 1.0, Ev::Sample);
