@@ -1,23 +1,25 @@
 //! One run's course over time, per window: the fleet's hit rate on the prompt tokens computed in
 //! the window, the p50 and p99 TTFT of the requests that arrived in it, the prompt tokens per
 //! second the fleet took in, and the fleet's eviction regret at the window's end (the share of the
-//! pools' evictions needed again, as the first router's KV index sees it). A sweep point is one number for 600 s; a metastable collapse is a
-//! moment inside it (when it starts, whether it ends after the arrivals stop), which only the
+//! pools' evictions needed again, as the first router's KV index sees it). A sweep point is one
+//! number for 600 s; a metastable collapse is a moment inside it (when it starts, whether it ends after the arrivals stop), which only the
 //! series shows.
 //!
 //! `cargo run --release -p loadlink-bench --example series -- SCENARIO LOAD SEED LABEL[,…]
-//! [WINDOW_S] [DURATION_S]` (LABEL: a sweep label, `min_ttft / kv-index` or `oracle queue`, say;
-//! defaults: 30 s windows, the scenario's duration).
+//! [WINDOW_S] [DURATION_S] [ADMISSION]` (LABEL: a sweep label, `min_ttft / kv-index` or `oracle
+//! queue`, say; defaults: 30 s windows, the scenario's duration; ADMISSION, e.g. `wait=500,spare`:
+//! run the labels behind the routers' admission in reject mode, [`admission`]).
 
 use loadlink_bench::scenario::saturation::{SWEEP_VARIANTS, sweep_oracles};
-use loadlink_bench::scenario::{arrivals, by_name, run_arrivals};
+use loadlink_bench::scenario::{arrivals, by_name, run_admitted};
 use loadlink_bench::sim::{Outcome, quantile};
+use loadlink_router::admission::AdmissionConfig;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |k: usize, what: &str| {
         args.get(k).cloned().ok_or(format!(
-            "missing {what}: SCENARIO LOAD SEED LABEL[,…] [WINDOW_S] [DURATION_S]"
+            "missing {what}: SCENARIO LOAD SEED LABEL[,…] [WINDOW_S] [DURATION_S] [ADMISSION]"
         ))
     };
     let number = |s: &str, what: &str| {
@@ -31,6 +33,10 @@ fn main() -> Result<(), String> {
     if let Ok(d) = arg(5, "") {
         s.duration_s = number(&d, "DURATION_S")?;
     }
+    let admission = match arg(6, "") {
+        Ok(spec) => Some(admission(&spec)?),
+        Err(_) => None,
+    };
     let arrivals = arrivals(&s, seed, load);
     let all: Vec<_> = SWEEP_VARIANTS
         .iter()
@@ -42,15 +48,43 @@ fn main() -> Result<(), String> {
             let known: Vec<_> = all.iter().map(|v| v.label).collect();
             return Err(format!("LABEL: no variant {label:?}; known: {known:?}"));
         };
-        let (o, _) = run_arrivals(&s, &arrivals, v);
+        let (o, _) = run_admitted(&s, &arrivals, v, admission);
         println!(
-            "== {label}, {} load {load}, seed {seed}: {} completed",
-            s.name, o.completed
+            "== {label}, {} load {load}, seed {seed}, admission {admission:?}: {} completed, {} \
+             refused, {} abandoned",
+            s.name, o.completed, o.rejected, o.abandoned
+        );
+        let good = o.ttft.iter().filter(|&&t| t <= 1.0).count();
+        println!(
+            "whole run: {good} with TTFT ≤ 1 s ({:.1} per s of {:.0} s), p50 {:.3} s, p99 {:.2} s",
+            good as f64 / o.makespan.max(s.duration_s),
+            o.makespan.max(s.duration_s),
+            quantile(&o.ttft, 0.5),
+            quantile(&o.ttft, 0.99)
         );
         println!("from_s hit n p50_s p99_s prompt_ktok_per_s regret");
         print_windows(&o, window);
     }
     Ok(())
+}
+
+/// `wait=MS` and `spare` (comma-separated): the routers' `--max-predicted-wait-ms` and
+/// `--admission-spare-running`, in reject mode.
+fn admission(spec: &str) -> Result<AdmissionConfig, String> {
+    let mut a = AdmissionConfig::default();
+    for part in spec.split(',') {
+        match part.split_once('=') {
+            Some(("wait", ms)) => {
+                let ms = ms
+                    .parse()
+                    .map_err(|e| format!("ADMISSION wait={ms:?}: {e}"))?;
+                a.max_predicted_wait_ms = Some(ms);
+            }
+            None if part == "spare" => a.spare_running = true,
+            _ => return Err(format!("ADMISSION: unknown part {part:?}")),
+        }
+    }
+    Ok(a)
 }
 
 /// One line per window until the samples end.

@@ -23,6 +23,8 @@ pub struct OverloadParams {
     pub max_predicted_wait_ms: u64,
     /// `--max-engine-requests` of an extra reject variant, if given.
     pub max_engine_requests: Option<i64>,
+    /// Also the predicted-wait variants with `--admission-spare-running`.
+    pub spare_running: bool,
     /// `--admission-queue-size` (per router replica).
     pub queue_size: usize,
     /// `--admission-queue-timeout-ms`.
@@ -35,6 +37,7 @@ impl Default for OverloadParams {
             ttft_budget_ms: 1000,
             max_predicted_wait_ms: 500,
             max_engine_requests: None,
+            spare_running: false,
             queue_size: 32,
             queue_timeout_ms: 500,
         }
@@ -64,13 +67,18 @@ const MIN_TTFT_INDEX: Variant = Variant {
 };
 
 /// Backlog P2C and `min_ttft` without admission; `min_ttft` with a predicted-wait cap in reject
-/// and queue mode; with `max_engine_requests`, also a reject variant on that cap.
+/// and queue mode; with `max_engine_requests`, also a reject variant on that cap; with
+/// `spare_running`, the two predicted-wait variants again, sparing running sessions.
 pub fn variants(p: &OverloadParams) -> Vec<OverloadVariant> {
     let wait = AdmissionConfig {
         max_predicted_wait_ms: Some(p.max_predicted_wait_ms),
         ..Default::default()
     };
     let w = p.max_predicted_wait_ms;
+    let queue = Overload::Queue {
+        size: p.queue_size,
+        timeout_ms: p.queue_timeout_ms,
+    };
     let mut v = vec![
         OverloadVariant {
             label: "power_of_two / backlog, no admission".into(),
@@ -94,10 +102,7 @@ pub fn variants(p: &OverloadParams) -> Vec<OverloadVariant> {
             ),
             router: MIN_TTFT_INDEX,
             admission: Some(AdmissionConfig {
-                overload: Overload::Queue {
-                    size: p.queue_size,
-                    timeout_ms: p.queue_timeout_ms,
-                },
+                overload: queue,
                 ..wait
             }),
         },
@@ -111,6 +116,20 @@ pub fn variants(p: &OverloadParams) -> Vec<OverloadVariant> {
                 ..Default::default()
             }),
         });
+    }
+    if p.spare_running {
+        let spared: Vec<_> = v[2..4]
+            .iter()
+            .map(|o| OverloadVariant {
+                label: format!("{}, running sessions spared", o.label),
+                router: o.router,
+                admission: o.admission.map(|a| AdmissionConfig {
+                    spare_running: true,
+                    ..a
+                }),
+            })
+            .collect();
+        v.extend(spared);
     }
     v
 }

@@ -21,6 +21,10 @@ pub struct OverloadArgs {
     /// Also a reject variant with this `--max-engine-requests`.
     #[arg(long)]
     max_engine_requests: Option<i64>,
+    /// Also the predicted-wait variants with `--admission-spare-running` (the caps refuse new
+    /// sessions, not the turns of running ones).
+    #[arg(long)]
+    admission_spare_running: bool,
     /// The queue variant's `--admission-queue-size` (per router replica).
     #[arg(long, default_value_t = 32)]
     admission_queue_size: usize,
@@ -35,6 +39,7 @@ impl OverloadArgs {
             ttft_budget_ms: self.ttft_budget_ms,
             max_predicted_wait_ms: self.max_predicted_wait_ms,
             max_engine_requests: self.max_engine_requests,
+            spare_running: self.admission_spare_running,
             queue_size: self.admission_queue_size,
             queue_timeout_ms: self.admission_queue_timeout_ms,
         }
@@ -55,7 +60,8 @@ pub fn run(a: &OverloadArgs, s: &Scenario, seed: u64, load: f64, out: &Path) -> 
         "scenario": s.name, "about": s.about, "seed": seed, "load": load,
         "duration_s": s.duration_s, "offered": arrivals.len(),
         "ttft_budget_ms": p.ttft_budget_ms, "max_predicted_wait_ms": p.max_predicted_wait_ms,
-        "max_engine_requests": p.max_engine_requests, "admission_queue_size": p.queue_size,
+        "max_engine_requests": p.max_engine_requests,
+        "admission_spare_running": p.spare_running, "admission_queue_size": p.queue_size,
         "admission_queue_timeout_ms": p.queue_timeout_ms,
         "rows": overload::rows_json(&rows),
     });

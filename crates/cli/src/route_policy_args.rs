@@ -126,6 +126,12 @@ pub struct AdmissionArgs {
     /// takes it not.
     #[arg(long)]
     max_predicted_wait_ms: Option<u64>,
+    /// With a cap set: a request continuing a context that one worker alone holds (a running
+    /// session's next turn, as the KV index or the approximate tree sees it) goes to that worker
+    /// even over the caps, so the caps refuse new sessions rather than the turns of sessions
+    /// already begun. See docs/router.md, "When no placement helps".
+    #[arg(long)]
+    admission_spare_running: bool,
     /// When every worker is over a cap: reject (429 with Retry-After at once) or queue (hold in a
     /// bounded FIFO until a worker is within the caps or the deadline passes, then 429).
     #[arg(long, default_value = "reject")]
@@ -189,10 +195,12 @@ impl AdmissionArgs {
                 "--max-kv-usage must be between 0 and 1, got {u}"
             );
         }
+
         cfg.admission = AdmissionConfig {
             max_engine_requests: self.max_engine_requests,
             max_kv_usage: self.max_kv_usage,
             max_predicted_wait_ms: self.max_predicted_wait_ms,
+            spare_running: self.admission_spare_running,
             overload: Overload::parse(
                 &self.admission,
                 self.admission_queue_size.max(1),

@@ -258,6 +258,11 @@ impl View for FleetView<'_> {
             None => deepest > 0,
         }
     }
+    fn prefix_private(&self, deepest: u64) -> bool {
+        let (chain, block) = self.chain;
+        self.reuse
+            .is_some_and(|r| !r.branched(chain, block, deepest, self.now_ms))
+    }
     #[inline]
     fn worker_key(&self, i: usize) -> u64 {
         let c = self.targets.get(i);

@@ -38,6 +38,9 @@ pub struct AdmissionConfig {
     pub max_engine_requests: Option<i64>,
     pub max_kv_usage: Option<f64>,
     pub max_predicted_wait_ms: Option<u64>,
+    /// A worker over the caps still takes a request continuing a context it alone holds (a
+    /// running session's next turn): the caps refuse new work, not the sessions already begun.
+    pub spare_running: bool,
     pub overload: Overload,
 }
 
@@ -55,6 +58,8 @@ pub struct Capped<'a, V> {
     pub inner: &'a V,
     pub cfg: &'a AdmissionConfig,
     pub predictor: MinTtft,
+    /// With `spare_running`, the one worker that caches more of this request than any other.
+    sole_holder: Option<usize>,
 }
 
 impl<'a, V: View> Capped<'a, V> {
@@ -63,6 +68,7 @@ impl<'a, V: View> Capped<'a, V> {
             inner,
             cfg,
             predictor: MinTtft::default(),
+            sole_holder: cfg.spare_running.then(|| sole_holder(inner)).flatten(),
         }
     }
 
@@ -80,7 +86,7 @@ impl<'a, V: View> Capped<'a, V> {
             self.inner.queued_prefill_s(i).is_none()
                 || self.predictor.predicted_ttft_s(self.inner, i) * 1e3 <= max as f64
         });
-        waiting_ok && kv_ok && wait_ok
+        (waiting_ok && kv_ok && wait_ok) || self.sole_holder == Some(i)
     }
 
     /// The least predicted TTFT (s) over available workers within the caps; `None`: none.
@@ -90,6 +96,24 @@ impl<'a, V: View> Capped<'a, V> {
             .map(|i| self.predictor.predicted_ttft_s(self.inner, i))
             .min_by(f64::total_cmp)
     }
+}
+
+/// The available worker that caches strictly more of the request than every other one, when what
+/// it caches is the request's own context (no other request recently branched from it, so not a
+/// system prompt or a group's prefix that happens to sit on one worker): the request is a running
+/// session's next turn. `None` for anything else, which starts new work (a new session, a
+/// family's next request, or a context lost to eviction everywhere and recomputed anyway).
+fn sole_holder(v: &impl View) -> Option<usize> {
+    let (mut best, mut second, mut at) = (0u64, 0u64, None);
+    for i in (0..v.len()).filter(|&i| v.available(i)) {
+        let c = v.cached_tokens(i);
+        if c > best {
+            (second, best, at) = (best, c, Some(i));
+        } else if c > second {
+            second = c;
+        }
+    }
+    at.filter(|_| best > second && v.prefix_private(best))
 }
 
 impl<V: View> View for Capped<'_, V> {
@@ -152,6 +176,9 @@ impl<V: View> View for Capped<'_, V> {
     }
     fn worker_key(&self, i: usize) -> u64 {
         self.inner.worker_key(i)
+    }
+    fn prefix_private(&self, deepest: u64) -> bool {
+        self.inner.prefix_private(deepest)
     }
     fn tail_reused(&self, deepest: u64) -> bool {
         self.inner.tail_reused(deepest)
@@ -343,8 +370,74 @@ mod tests {
             max_engine_requests: Some(10),
             max_kv_usage: Some(0.95),
             max_predicted_wait_ms: Some(2000),
+            spare_running: false,
             overload,
         }
+    }
+
+    /// Workers as (tokens of the request each caches, KV usage), and whether the deepest cached
+    /// prefix is the request's own context (no other request branched from it recently).
+    struct Held(Vec<(u64, f64)>, bool);
+    impl View for Held {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn load(&self, _: usize) -> i64 {
+            0
+        }
+        fn available(&self, _: usize) -> bool {
+            true
+        }
+        fn cached_tokens(&self, i: usize) -> u64 {
+            self.0[i].0
+        }
+        fn kv_usage(&self, i: usize) -> f64 {
+            self.0[i].1
+        }
+        fn prefix_private(&self, _: u64) -> bool {
+            self.1
+        }
+    }
+
+    #[test]
+    fn sparing_running_sessions_lets_only_a_sole_holder_past_the_caps() {
+        let cfg = AdmissionConfig {
+            max_kv_usage: Some(0.5),
+            spare_running: true,
+            ..Default::default()
+        };
+        let within = |v: &Held, cfg: &AdmissionConfig| -> Vec<bool> {
+            let c = Capped::new(v, cfg);
+            (0..v.len()).map(|i| c.available(i)).collect()
+        };
+        // Worker 1 alone holds 3,000 tokens of this session: it takes the turn over the cap.
+        let turn = Held(vec![(2048, 0.9), (3000, 0.9), (0, 0.9), (0, 0.2)], true);
+        assert_eq!(within(&turn, &cfg), [false, true, false, true]);
+        // A new session shares only the system prompt: nobody alone holds it, so it is refused
+        // when every worker is over a cap.
+        let new = Held(vec![(2048, 0.9), (2048, 0.9), (0, 0.9)], true);
+        assert!(!open(&new, &cfg), "a new session on a full fleet");
+        assert!(matches!(
+            gate(&new, &cfg, None),
+            Gate::Refuse(Refusal::Overloaded, _)
+        ));
+        let turn_on_full = Held(vec![(2048, 0.9), (3000, 0.9)], true);
+        assert!(open(&turn_on_full, &cfg), "a running session's turn");
+        // A group's prefix that sits on one worker only is not a session's context: others
+        // branched from it, so its next question is new work and the caps apply.
+        let group_on_one = Held(vec![(0, 0.9), (3000, 0.9)], false);
+        assert!(
+            !open(&group_on_one, &cfg),
+            "a family's request on a full fleet"
+        );
+        let strict = AdmissionConfig {
+            spare_running: false,
+            ..cfg
+        };
+        assert!(
+            !open(&turn_on_full, &strict),
+            "without sparing, refused too"
+        );
     }
 
     #[test]

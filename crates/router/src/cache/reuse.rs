@@ -113,6 +113,15 @@ impl TailReuse {
         self.count(p ^ FRESH_SALT, now_ms) < 1.0 || self.count(p ^ REPEAT_SALT, now_ms) >= 0.5
     }
 
+    /// Whether another request recently began a tail under this request's deepest cached prefix
+    /// (as in [`TailReuse::record`]): the prefix is a family's (a system prompt, a group's
+    /// prefix), not one request's own context. No whole page cached: `true` (nothing private).
+    pub fn branched(&self, chain: &[i64], block: u64, deepest: u64, now_ms: u64) -> bool {
+        deepest_page_key(chain, block, deepest).is_none_or(|p| {
+            self.count(p ^ FRESH_SALT, now_ms) + self.count(p ^ REPEAT_SALT, now_ms) >= 0.5
+        })
+    }
+
     /// Keys not counted because their slot held another key still in use.
     pub fn refused(&self) -> u64 {
         self.refused.load(Relaxed)

@@ -98,3 +98,29 @@ fn a_slot_held_by_a_key_in_use_refuses_the_newcomer_and_counts_it() {
     // One τ later a count has fallen to e⁻¹ of itself.
     assert!((m.count(b, TAU) - 2.0 / std::f64::consts::E).abs() < 0.05);
 }
+
+#[test]
+fn a_prefix_others_branched_from_is_a_familys_and_a_session_context_is_its_own() {
+    let m = TailReuse::new(TAU);
+    let system = 128 * BLOCK; // an agent kind's system prompt, cached
+    assert!(
+        !m.branched(&chain(128, &[1]), BLOCK, system, 0),
+        "nobody began a tail under it yet"
+    );
+    m.record(&chain(128, &[1]), BLOCK, system, 0); // session 1's first turn
+    assert!(
+        m.branched(&chain(128, &[2]), BLOCK, system, 10),
+        "session 2's first turn starts under a prefix session 1 branched from"
+    );
+    // Session 1's second turn: its first turn is cached, and nobody else branched from there.
+    let turn1 = 129 * BLOCK;
+    assert!(!m.branched(&chain(128, &[1, 2, 3]), BLOCK, turn1, 20));
+    assert!(
+        m.branched(&chain(0, &[1]), BLOCK, 0, 20),
+        "nothing cached: nothing private"
+    );
+    assert!(
+        !m.branched(&chain(128, &[2]), BLOCK, system, 10 + 4 * TAU),
+        "evidence fades"
+    );
+}

@@ -115,6 +115,13 @@ pub trait View {
     fn tail_reused(&self, deepest: u64) -> bool {
         deepest > 0
     }
+    /// Whether the deepest `deepest` tokens of this request cached anywhere are its own context
+    /// (a running session's: no other request recently branched from that prefix,
+    /// [`crate::cache::reuse::TailReuse::branched`]) rather than a prefix a family shares.
+    /// Without that evidence: no.
+    fn prefix_private(&self, _deepest: u64) -> bool {
+        false
+    }
     /// A key of candidate i that every router replica computes alike (its URL and rank).
     fn worker_key(&self, i: usize) -> u64 {
         i as u64
