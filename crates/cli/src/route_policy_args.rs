@@ -129,7 +129,7 @@ pub struct AdmissionArgs {
     /// With a cap set: a request continuing a context that one worker alone holds (a running
     /// session's next turn, as the KV index or the approximate tree sees it) goes to that worker
     /// even over the caps, so the caps refuse new sessions rather than the turns of sessions
-    /// already begun. See docs/router.md, "When no placement helps".
+    /// already begun. See docs/router.md, "Admission control".
     #[arg(long)]
     admission_spare_running: bool,
     /// When every worker is over a cap: reject (429 with Retry-After at once) or queue (hold in a

@@ -7,6 +7,10 @@
 //!   is not a candidate; a cap on a figure the router does not know (stale or no load stream) does
 //!   not apply: admission fails open, as SGLang's router does, rather than refusing a fleet it
 //!   cannot see.
+//! * **Sparing running sessions** (`--admission-spare-running`): a request continuing a context
+//!   one worker alone holds (its deepest cached prefix, from which no other request branched
+//!   recently) goes to that worker over the caps, so the caps refuse new work, not the next turns
+//!   of sessions already begun (whose clients would lose the session at a 429).
 //! * **A TTFT budget per request**: the `x-sgl-ttft-slo-ms` header (SGLang router's name). A request
 //!   whose best predicted TTFT exceeds its budget is refused at once, not queued to miss it.
 //! * **Overload answer** (`--admission reject|queue`): 429 with `Retry-After` at once, or a bounded
