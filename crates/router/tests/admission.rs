@@ -7,7 +7,7 @@ use loadlink_router::cache::PrefixSource;
 use loadlink_router::policy::{MinTtft, Policy};
 use loadlink_router::{LoadSignal, RouterHandle};
 use loadlink_testkit::counting_worker::counting_worker;
-use loadlink_testkit::{router, scrape, wait_for, worker_json};
+use loadlink_testkit::{router, scrape, wait_for, worker_json, worker_of};
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -337,4 +337,86 @@ async fn a_draining_queue_never_puts_more_than_the_cap_on_a_worker() {
     );
     nothing_left(&r, &w.url).await;
     r.stop().await;
+}
+
+/// With `--admission-spare-running`, a session's next turn passes a cap every worker is over when
+/// its context sits on one worker and nobody else branched from it; a new session, and a second
+/// request branching from a context another turn already continued, are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sparing_running_sessions_admits_a_turn_over_the_caps_and_refuses_new_work() {
+    let (a, _) = loadlink_testkit::publishing_engine(|_| {}).await;
+    let (b, _) = loadlink_testkit::publishing_engine(|_| {}).await;
+    // No predicted wait is ever 0 ms: every worker is over this cap once its load is known.
+    let r = router(vec![a.url(), b.url()], LoadSignal::Backlog, |c| {
+        c.policy = Policy::MinTtft(MinTtft::default());
+        c.admission = AdmissionConfig {
+            max_predicted_wait_ms: Some(0),
+            spare_running: true,
+            ..Default::default()
+        };
+    })
+    .await;
+    let c = reqwest::Client::new();
+    wait_for("both engines' loads and KV streams", 20, || async {
+        let (wa, wb) = (
+            worker_json(&c, &r.url(), &a.url()).await,
+            worker_json(&c, &r.url(), &b.url()).await,
+        );
+        [wa, wb]
+            .iter()
+            .all(|w| w["source"] == "engine" && w["kv_events"].is_object())
+    })
+    .await;
+    let status = |text: String| {
+        let (c, url) = (c.clone(), r.url());
+        async move {
+            let body = json!({ "prompt": text, "max_tokens": 2 });
+            let resp = c
+                .post(format!("{url}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let code = resp.status().as_u16();
+            (code, (code == 200).then(|| worker_of(&resp)))
+        }
+    };
+
+    // The session's first turn went to A directly; only A's KV events say A holds it.
+    let turn1 = "session-context-".repeat(250); // ~1000 tokens
+    let direct = json!({ "prompt": turn1, "max_tokens": 1 });
+    loadlink_testkit::complete_ok(&c, &a.url(), &direct).await;
+    // All of them: a turn placed while half are known would count its branch under a shallower
+    // prefix than the one the next request finds.
+    let blocks = || async {
+        worker_json(&c, &r.url(), &a.url()).await["kv_events"]["blocks"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    wait_for("the router learns all of A's blocks", 20, || async {
+        let before = blocks().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        before >= 50 && blocks().await == before
+    })
+    .await;
+
+    let (code, _) = status("a-new-session-".repeat(70)).await;
+    assert_eq!(
+        code, 429,
+        "a new session is refused: every worker is over the cap"
+    );
+    // Each continuation is longer than a page: the meter counts a tail by its first whole page.
+    let (code, worker) = status(format!("{turn1} {}", "tool result one ".repeat(30))).await;
+    assert_eq!(
+        (code, worker.as_deref()),
+        (200, Some(a.url().as_str())),
+        "the session's next turn goes to its context's holder over the cap"
+    );
+    let (code, _) = status(format!("{turn1} {}", "another branch ".repeat(30))).await;
+    assert_eq!(
+        code, 429,
+        "a second request branching from that context: a family's prefix, not one session's"
+    );
+    a.stop().await;
+    b.stop().await;
 }
