@@ -2,8 +2,8 @@
 //! the window, the p50 and p99 TTFT of the requests that arrived in it, the prompt tokens per
 //! second the fleet took in, and the fleet's eviction regret at the window's end (the share of the
 //! pools' evictions needed again, as the first router's KV index sees it). A sweep point is one
-//! number for 600 s; a metastable collapse is a moment inside it (when it starts, whether it ends after the arrivals stop), which only the
-//! series shows.
+//! number for 600 s; a metastable collapse is a moment inside it (when it starts, whether it ends
+//! after the arrivals stop), which only the series shows.
 //!
 //! `cargo run --release -p loadlink-bench --example series -- SCENARIO LOAD SEED LABEL[,…]
 //! [WINDOW_S] [DURATION_S] [ADMISSION]` (LABEL: a sweep label, `min_ttft / kv-index` or `oracle

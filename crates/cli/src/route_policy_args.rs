@@ -195,7 +195,6 @@ impl AdmissionArgs {
                 "--max-kv-usage must be between 0 and 1, got {u}"
             );
         }
-
         cfg.admission = AdmissionConfig {
             max_engine_requests: self.max_engine_requests,
             max_kv_usage: self.max_kv_usage,
