@@ -237,7 +237,7 @@ impl Refusal {
 pub enum Gate {
     /// Some worker may take it now: pick (with [`pick`]) and count the dispatch.
     Admit,
-    /// Refused at once; the best predicted TTFT (s) within the caps, for `Retry-After`.
+    /// Refused at once; the best predicted TTFT (s), for `Retry-After` ([`retry_hint_s`]).
     Refuse(Refusal, Option<f64>),
     /// Every worker is over a cap and the overload mode is `queue`: it may wait (if
     /// [`queue_has_room`]) until [`open`].
@@ -249,16 +249,30 @@ pub fn gate(view: &impl View, cfg: &AdmissionConfig, budget: Option<Duration>) -
     if let Some(limit) = budget {
         let best = Capped::new(view, cfg).best_ttft_s();
         if best.is_none_or(|s| s > limit.as_secs_f64()) {
-            return Gate::Refuse(Refusal::SloUnreachable, best);
+            return Gate::Refuse(Refusal::SloUnreachable, retry_hint_s(view, cfg));
         }
     }
     if open(view, cfg) {
         return Gate::Admit;
     }
     match cfg.overload {
-        Overload::Reject => Gate::Refuse(Refusal::Overloaded, Capped::new(view, cfg).best_ttft_s()),
+        Overload::Reject => Gate::Refuse(Refusal::Overloaded, retry_hint_s(view, cfg)),
         Overload::Queue { .. } => Gate::Wait,
     }
+}
+
+/// What a refusal's `Retry-After` is computed from: the least predicted TTFT within the caps,
+/// or, when every worker is over them (an overload refusal always is), over every available
+/// worker: roughly when the soonest queue will have drained. (Taken within the caps only, it was
+/// `None` on every overload refusal, and every client was told to retry after one second.)
+pub fn retry_hint_s(view: &impl View, cfg: &AdmissionConfig) -> Option<f64> {
+    let capped = Capped::new(view, cfg);
+    capped.best_ttft_s().or_else(|| {
+        (0..view.len())
+            .filter(|&i| view.available(i))
+            .map(|i| capped.predictor.predicted_ttft_s(view, i))
+            .min_by(f64::total_cmp)
+    })
 }
 
 /// Whether some worker of `view` is within the caps (always, without caps).
@@ -470,10 +484,24 @@ mod tests {
         };
         assert_eq!(gate(&room, &cfg(queue), None), Gate::Admit);
         assert_eq!(gate(&full, &cfg(queue), None), Gate::Wait);
-        assert!(matches!(
-            gate(&full, &cfg(Overload::Reject), None),
-            Gate::Refuse(Refusal::Overloaded, _)
-        ));
+        // An overload refusal says when to retry: the fleet's best predicted TTFT, though no
+        // worker is within the caps.
+        let Gate::Refuse(Refusal::Overloaded, Some(hint)) =
+            gate(&full, &cfg(Overload::Reject), None)
+        else {
+            panic!("a full fleet is refused with a retry hint");
+        };
+        let busy = V(vec![(Some(1), 0.2, Some(7.0)), (Some(1), 0.2, Some(4.0))]);
+        let Gate::Refuse(Refusal::Overloaded, Some(slow)) =
+            gate(&busy, &cfg(Overload::Reject), None)
+        else {
+            panic!("a fleet over the wait cap is refused with a retry hint");
+        };
+        assert!(
+            (4.0..7.0).contains(&slow),
+            "the soonest queue drains first: {slow}"
+        );
+        assert!(hint < slow && retry_after_s(Some(slow)) >= 4);
         assert!(matches!(
             gate(&room, &cfg(queue), Some(Duration::ZERO)),
             Gate::Refuse(Refusal::SloUnreachable, Some(_))
