@@ -7,8 +7,9 @@
 //!
 //! `cargo run --release -p loadlink-bench --example series -- SCENARIO LOAD SEED LABEL[,…]
 //! [WINDOW_S] [DURATION_S] [ADMISSION]` (LABEL: a sweep label, `min_ttft / kv-index` or `oracle
-//! queue`, say; defaults: 30 s windows, the scenario's duration; ADMISSION, e.g. `wait=500,spare`:
-//! run the labels behind the routers' admission in reject mode, [`admission`]).
+//! queue`, say; defaults: 30 s windows, the scenario's duration; ADMISSION, e.g.
+//! `wait=500,spare,retries=2`: run the labels behind the routers' admission in reject mode, with
+//! clients that retry a refusal, [`admission`]).
 
 use loadlink_bench::scenario::saturation::{SWEEP_VARIANTS, sweep_oracles};
 use loadlink_bench::scenario::{arrivals, by_name, run_admitted};
@@ -33,9 +34,9 @@ fn main() -> Result<(), String> {
     if let Ok(d) = arg(5, "") {
         s.duration_s = number(&d, "DURATION_S")?;
     }
-    let admission = match arg(6, "") {
-        Ok(spec) => Some(admission(&spec)?),
-        Err(_) => None,
+    let (admission, retries) = match arg(6, "") {
+        Ok(spec) => admission(&spec).map(|(a, r)| (Some(a), r))?,
+        Err(_) => (None, 0),
     };
     let arrivals = arrivals(&s, seed, load);
     let all: Vec<_> = SWEEP_VARIANTS
@@ -48,11 +49,11 @@ fn main() -> Result<(), String> {
             let known: Vec<_> = all.iter().map(|v| v.label).collect();
             return Err(format!("LABEL: no variant {label:?}; known: {known:?}"));
         };
-        let (o, _) = run_admitted(&s, &arrivals, v, admission);
+        let (o, _) = run_admitted(&s, &arrivals, v, (admission, retries));
         println!(
-            "== {label}, {} load {load}, seed {seed}, admission {admission:?}: {} completed, {} \
-             refused, {} abandoned",
-            s.name, o.completed, o.rejected, o.abandoned
+            "== {label}, {} load {load}, seed {seed}, admission {admission:?}, {retries} client \
+             retries: {} completed, {} retried, {} refused, {} abandoned",
+            s.name, o.completed, o.retried, o.rejected, o.abandoned
         );
         let good = o.ttft.iter().filter(|&&t| t <= 1.0).count();
         println!(
@@ -68,10 +69,11 @@ fn main() -> Result<(), String> {
     Ok(())
 }
 
-/// `wait=MS` and `spare` (comma-separated): the routers' `--max-predicted-wait-ms` and
-/// `--admission-spare-running`, in reject mode.
-fn admission(spec: &str) -> Result<AdmissionConfig, String> {
-    let mut a = AdmissionConfig::default();
+/// `wait=MS`, `spare` and `retries=N` (comma-separated): the routers' `--max-predicted-wait-ms`
+/// and `--admission-spare-running`, in reject mode, and how many times a client sends a refused
+/// request again after its `Retry-After`.
+fn admission(spec: &str) -> Result<(AdmissionConfig, u32), String> {
+    let (mut a, mut retries) = (AdmissionConfig::default(), 0);
     for part in spec.split(',') {
         match part.split_once('=') {
             Some(("wait", ms)) => {
@@ -80,11 +82,16 @@ fn admission(spec: &str) -> Result<AdmissionConfig, String> {
                     .map_err(|e| format!("ADMISSION wait={ms:?}: {e}"))?;
                 a.max_predicted_wait_ms = Some(ms);
             }
+            Some(("retries", n)) => {
+                retries = n
+                    .parse()
+                    .map_err(|e| format!("ADMISSION retries={n:?}: {e}"))?;
+            }
             None if part == "spare" => a.spare_running = true,
             _ => return Err(format!("ADMISSION: unknown part {part:?}")),
         }
     }
-    Ok(a)
+    Ok((a, retries))
 }
 
 /// One line per window until the samples end.

@@ -400,17 +400,21 @@ pub fn run_variant(s: &Scenario, seed: u64, load: f64, v: &Variant) -> Outcome {
 
 /// Runs `v` on the scenario's fleet with given arrivals (generate them once for many variants).
 pub fn run_arrivals(s: &Scenario, arrivals: &[Arrival], v: &Variant) -> (Outcome, QueueStats) {
-    run_admitted(s, arrivals, v, None)
+    run_admitted(s, arrivals, v, (None, 0))
 }
 
-/// [`run_arrivals`] with the routers' admission control (`None`: none).
+/// [`run_arrivals`] with the routers' admission control (`None`: none) and how many times a
+/// client sends a refused request again ([`SimConfig::client_retries`]).
 pub fn run_admitted(
     s: &Scenario,
     arrivals: &[Arrival],
     v: &Variant,
-    admission: Option<AdmissionConfig>,
+    (admission, client_retries): (Option<AdmissionConfig>, u32),
 ) -> (Outcome, QueueStats) {
-    let cfg = sim_config(s, v, admission);
+    let cfg = SimConfig {
+        client_retries,
+        ..sim_config(s, v, admission)
+    };
     simulate_with_queues(&cfg, arrivals, s.duration_s * 4.0)
 }
 
@@ -445,6 +449,7 @@ pub fn sim_config(s: &Scenario, v: &Variant, admission: Option<AdmissionConfig>)
         delivery: s.delivery,
         admission,
         pd: None,
+        client_retries: 0,
     }
 }
 

@@ -105,6 +105,10 @@ pub struct SimConfig {
     pub adapter_reports_s: Option<f64>,
     /// A prefill–decode disaggregated fleet (`None`: every engine serves whole requests) ([`pd`]).
     pub pd: Option<PdFleet>,
+    /// How many times a client sends a request again after a 429, each time after the refusal's
+    /// `Retry-After` (the OpenAI and Anthropic SDKs default to 2); 0: it gives up at the first
+    /// refusal, and a closed-loop session ends there ([`admission`]).
+    pub client_retries: u32,
 }
 
 #[derive(Default)]
@@ -119,6 +123,8 @@ struct Req {
     guard: Option<InflightGuard>,
     /// The replica that routed it, its candidate, and when (ms).
     routed: Option<(usize, Candidate, u64)>,
+    /// Times its client sent it again after a refusal ([`SimConfig::client_retries`]).
+    retries: u32,
 }
 
 struct Sim<'a> {
@@ -293,7 +299,8 @@ impl Sim<'_> {
         self.advance(e, t, started);
     }
 
-    /// Request `i` will never be sent (refused by admission); nor will its session's later turns.
+    /// Request `i` will never be sent (refused by admission, its client's retries spent); nor
+    /// will its session's later turns.
     fn reject(&mut self, i: usize) {
         let abandoned = self.sessions.abandon(i);
         self.out.rejected += 1;
@@ -314,7 +321,11 @@ impl Sim<'_> {
     }
 
     fn arrive(&mut self, i: usize, t: f64) {
-        self.reqs[i].arrived = t; // a closed-loop turn's nominal time is not when it is sent
+        if self.reqs[i].retries == 0 {
+            // A closed-loop turn's nominal time is not when it is sent; a retry's TTFT counts
+            // from its first attempt.
+            self.reqs[i].arrived = t;
+        }
         if self.arrive_pd(i, t) {
             return;
         }
@@ -395,12 +406,13 @@ impl Sim<'_> {
             self.scratch = (cached, host, sizes);
             if arrival {
                 // Refused by the gate (reject mode) or told to wait (queued while there is room).
-                let queued = match gate {
-                    Gate::Wait => self.admit[r].refuse(adm, i, t),
-                    _ => Refused::Rejected,
+                let (queued, hint) = match gate {
+                    Gate::Wait => (self.admit[r].refuse(adm, i, t), None),
+                    Gate::Refuse(_, hint) => (Refused::Rejected, hint),
+                    Gate::Admit => (Refused::Rejected, None), // not here: admitted above
                 };
                 match queued {
-                    Refused::Rejected => self.reject(i),
+                    Refused::Rejected => self.refused(i, t, hint),
                     Refused::Queued => self.schedule_poll(r, t),
                 }
             }

@@ -31,6 +31,11 @@ pub struct OverloadArgs {
     /// The queue variant's `--admission-queue-timeout-ms`.
     #[arg(long, default_value_t = 500)]
     admission_queue_timeout_ms: u64,
+    /// How many times a client sends a refused request again, after the 429's `Retry-After` (the
+    /// OpenAI and Anthropic SDKs default to 2). 0: it gives up at the first refusal, and a
+    /// closed-loop session ends there.
+    #[arg(long, default_value_t = 0)]
+    client_retries: u32,
 }
 
 impl OverloadArgs {
@@ -42,6 +47,7 @@ impl OverloadArgs {
             spare_running: self.admission_spare_running,
             queue_size: self.admission_queue_size,
             queue_timeout_ms: self.admission_queue_timeout_ms,
+            client_retries: self.client_retries,
         }
     }
 }
@@ -62,7 +68,7 @@ pub fn run(a: &OverloadArgs, s: &Scenario, seed: u64, load: f64, out: &Path) -> 
         "ttft_budget_ms": p.ttft_budget_ms, "max_predicted_wait_ms": p.max_predicted_wait_ms,
         "max_engine_requests": p.max_engine_requests,
         "admission_spare_running": p.spare_running, "admission_queue_size": p.queue_size,
-        "admission_queue_timeout_ms": p.queue_timeout_ms,
+        "admission_queue_timeout_ms": p.queue_timeout_ms, "client_retries": p.client_retries,
         "rows": overload::rows_json(&rows),
     });
     let path = out.join(format!("{}-overload-load{load:.2}-seed{seed}.json", s.name));

@@ -7,20 +7,24 @@
 //!   the production [`Capped`] view (a cap on a figure the book does not know does not apply), and
 //!   the policy then picks over the capped view (over the whole view if it declines), as
 //!   `proxy::pick` does.
-//! * **Reject mode**: a request refused at the gate is counted as rejected; it is never sent and
-//!   never completes (a client would get 429 at once).
+//! * **Reject mode**: a request refused at the gate gets 429 at once. Its client sends it again
+//!   after the refusal's `Retry-After` (production's [`retry_after_s`] of the gate's hint), up to
+//!   [`SimConfig::client_retries`](super::SimConfig::client_retries) times, as the OpenAI SDK
+//!   does (2 retries, honouring a `Retry-After` of up to 60 s); after that it is counted as
+//!   rejected, never sent and never completed, and a closed-loop session ends there. A retry's
+//!   TTFT counts from the first attempt.
 //! * **Queue mode** (the model): each router replica has a FIFO of at most `size` requests.
 //!   A refused request joins it, or is rejected when it is full. Every [`QUEUE_POLL_S`] of virtual
 //!   time (production's poll period) the head is re-priced on the replica's current book and
 //!   cache; while the head passes the gate it is dispatched and the next becomes head. An entry
-//!   still queued `timeout_ms` after it arrived is rejected (deadlines are in FIFO order, so only
-//!   the head can be due). As in production, a new arrival that passes the gate is admitted at
+//!   still queued `timeout_ms` after it arrived is refused (deadlines are in FIFO order, so only
+//!   the head can be due), and retried as in reject mode (`Retry-After: 1`, as production sends). As in production, a new arrival that passes the gate is admitted at
 //!   once, ahead of the queue. Its TTFT counts from its arrival, queue time included.
 
 pub use loadlink_router::admission::rules::{gate, open, pick};
 
 use super::{Ev, Sim};
-use loadlink_router::admission::rules::queue_has_room;
+use loadlink_router::admission::rules::{queue_has_room, retry_after_s};
 use loadlink_router::admission::{AdmissionConfig, Overload};
 use std::collections::VecDeque;
 
@@ -90,7 +94,7 @@ impl Sim<'_> {
         self.admit[r].poll_pending = false;
         loop {
             for i in self.admit[r].expire(t) {
-                self.reject(i);
+                self.refused(i, t, None);
             }
             let Some(i) = self.admit[r].head() else {
                 return;
@@ -105,6 +109,17 @@ impl Sim<'_> {
             }
         }
         self.schedule_poll(r, t);
+    }
+
+    /// Request `i` got a 429 at `t` with `Retry-After` from `hint` (the gate's best predicted
+    /// TTFT): its client sends it again then, or gives up once its retries are spent.
+    pub(super) fn refused(&mut self, i: usize, t: f64, hint: Option<f64>) {
+        if self.reqs[i].retries >= self.cfg.client_retries {
+            return self.reject(i);
+        }
+        self.reqs[i].retries += 1;
+        self.out.retried += 1;
+        self.push(t + retry_after_s(hint) as f64, Ev::Arrive(i));
     }
 
     pub(super) fn schedule_poll(&mut self, r: usize, t: f64) {

@@ -40,6 +40,9 @@ pub struct Outcome {
     /// Closed-loop turns never sent because an earlier turn of their session was refused (the
     /// agent stopped there); not counted in `rejected`.
     pub abandoned: usize,
+    /// Refusals its client answered by sending the request again (`SimConfig::client_retries`);
+    /// a request refused for good counts in `rejected` once, whatever it retried before.
+    pub retried: usize,
     /// Virtual seconds until the last completion.
     pub makespan: f64,
     /// Mean over 1 s samples of the coefficient of variation of waiting requests across engines.
