@@ -56,6 +56,9 @@ pub struct LiveConfig {
     pub pd_prefill: Option<usize>,
     /// A burst on the trace ([`burst::live_burst`]); the load is then its base.
     pub burst: Option<crate::workload::burst::Burst>,
+    /// How many times a client sends a request again after a 429 (after its `Retry-After`, as
+    /// the OpenAI SDK does); 0: the first refusal is final, and ends a closed-loop session.
+    pub client_retries: u32,
 }
 
 async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(
@@ -320,12 +323,12 @@ async fn run_variant(
     }
     let mut outcome = Outcome {
         // `arrived` aligned with `ttft`, so a burst's figures window by arrival time.
-        arrived: measured.iter().map(|r| r.arrived).collect(),
-        ttft: measured.iter().map(|r| r.ttft).collect(),
-        e2e: measured.iter().map(|r| r.e2e).collect(),
-        ttft_floor: measured.iter().map(|r| r.floor).collect(),
-        tpot: measured.iter().filter_map(|r| r.tpot).collect(),
-        completed: measured.len(),
+        arrived: measured.done.iter().map(|r| r.arrived).collect(),
+        ttft: measured.done.iter().map(|r| r.ttft).collect(),
+        e2e: measured.done.iter().map(|r| r.e2e).collect(),
+        ttft_floor: measured.done.iter().map(|r| r.floor).collect(),
+        tpot: measured.done.iter().filter_map(|r| r.tpot).collect(),
+        completed: measured.done.len(),
         submitted: b.arrivals.len(),
         makespan,
         queue_cv,
@@ -337,7 +340,9 @@ async fn run_variant(
         },
         cache_tokens: None,
         cache_series,
-        rejected: 0,
+        rejected: measured.refused,
+        retried: measured.retried,
+        abandoned: measured.abandoned,
         loaded_back_tokens: 0,
         adapter_loads: 0,
         adapter_requests: b

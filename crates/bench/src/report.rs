@@ -30,6 +30,12 @@ pub fn row_json(r: &Row) -> Value {
         "fallback_fraction": if o.decisions == 0 { 0.0 } else { o.fallback_decisions as f64 / o.decisions as f64 },
         "cache_hit_rate": o.cache_hit_rate(),
     });
+    if o.rejected + o.retried + o.abandoned > 0 {
+        // Admission refused some: what the clients did about it.
+        j["refused"] = json!(o.rejected);
+        j["retried"] = json!(o.retried);
+        j["abandoned"] = json!(o.abandoned);
+    }
     if !o.tpot.is_empty() {
         j["tpot_p50_s"] = json!(quantile(&o.tpot, 0.5));
         j["tpot_p99_s"] = json!(quantile(&o.tpot, 0.99));

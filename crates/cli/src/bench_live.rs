@@ -61,6 +61,11 @@ pub struct LiveArgs {
     /// each variant reports its p50 TTFT per 10 s window of arrivals and its recovery time.
     #[arg(long)]
     burst: bool,
+    /// How many times the client sends a request again after a 429, waiting the response's
+    /// `Retry-After` (the OpenAI SDK's rule: its default is 2). 0: the first refusal is final and
+    /// ends a closed-loop session. Refusals, retries and abandoned turns are reported per variant.
+    #[arg(long, default_value_t = 0)]
+    client_retries: u32,
     /// Also report each variant's figures over the requests arriving after this many virtual
     /// seconds (hit rate over the prompt tokens computed after it), beside the whole run's: every
     /// run starts with empty caches, and a prefix workload's cold start is the same for every
@@ -124,6 +129,7 @@ pub fn run(a: LiveArgs) -> Result<()> {
         adapter_field: a.adapter_field,
         pd_prefill,
         burst: burst.map(|f| f.burst),
+        client_retries: a.client_retries,
     };
     println!(
         "live {} on {} engines × {} ranks: {} (seed {seed}, load {:.2}, {} virtual s per variant at time-scale {}, publish point {})",
@@ -166,6 +172,15 @@ pub fn run(a: LiveArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     eprintln!();
     print!("{}", table(&rows));
+    for (label, o) in rows.iter().map(|r| (&r.label, &r.outcome)) {
+        if o.rejected + o.retried + o.abandoned > 0 {
+            println!(
+                "{label}: {} refused for good (429, {} retries spent), {} refusals retried, {} \
+                 closed-loop turns abandoned",
+                o.rejected, a.client_retries, o.retried, o.abandoned
+            );
+        }
+    }
     if pd_prefill.is_some() {
         print!("{}", loadlink_bench::scenario::pd::live_table(&rows));
     }

@@ -38,8 +38,39 @@ pub(super) struct Done {
     pub(super) tpot: Option<f64>,
 }
 
-/// Every completed request, in arrival order.
-pub(super) type Measured = Vec<Done>;
+/// What the clients got: every completed request, in arrival order, and what was refused.
+#[derive(Debug, Default)]
+pub(super) struct Measured {
+    pub(super) done: Vec<Done>,
+    /// 429s a client answered by sending the request again, after its `Retry-After`.
+    pub(super) retried: usize,
+    /// Requests refused with 429 for good (their client's retries spent).
+    pub(super) refused: usize,
+    /// Closed-loop turns never sent because an earlier turn of their session was refused or
+    /// failed (the agent stopped there).
+    pub(super) abandoned: usize,
+}
+
+/// What one attempt got back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    /// Streamed: when it was sent, when its first event came, when it ended.
+    Streamed(Instant, Instant, Instant),
+    /// 429: when it was sent, and its `Retry-After` in seconds when it had one.
+    Refused(Instant, Option<u64>),
+    /// Anything else: a connection error, another status, a stream without an event.
+    Failed,
+}
+
+/// How long a client waits before sending a refused request again, as the OpenAI Python SDK
+/// does: the `Retry-After` when it is a positive number of seconds up to 60, else 0.5 s doubling
+/// with each retry, at most 8 s (without the SDK's jitter, so runs repeat).
+fn retry_delay(retry_after_s: Option<u64>, retry: u32) -> Duration {
+    match retry_after_s {
+        Some(s @ 1..=60) => Duration::from_secs(s),
+        _ => Duration::from_secs_f64((0.5 * 2f64.powi(retry as i32)).min(8.0)),
+    }
+}
 
 /// Where arrival `i` is sent: a router replica, or an engine for direct traffic.
 fn target(s: &Scenario, i: usize, a: &Arrival, engines: &[String], routers: &[String]) -> String {
@@ -135,31 +166,35 @@ fn first_event(seen: &mut Vec<u8>, chunk: &[u8]) -> bool {
     false
 }
 
-/// One streaming request at `at`; its (TTFT, E2E) in wall seconds when it streamed an event.
-async fn send_one(
-    c: reqwest::Client,
-    at: Instant,
-    url: String,
-    body: serde_json::Value,
-) -> Option<(f64, f64)> {
+/// One streaming request at `at`.
+async fn send_one(c: reqwest::Client, at: Instant, url: String, body: serde_json::Value) -> Answer {
     tokio::time::sleep_until(at.into()).await;
     let t0 = Instant::now();
-    let mut resp = c
+    let Ok(mut resp) = c
         .post(format!("{url}/v1/completions"))
         .json(&body)
         .send()
         .await
-        .ok()?;
+    else {
+        return Answer::Failed;
+    };
+    if resp.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+        return Answer::Refused(t0, retry_after);
+    }
     if !resp.status().is_success() {
-        return None;
+        return Answer::Failed;
     }
     let (mut first, mut seen) = (None, Vec::new());
     while let Ok(Some(chunk)) = resp.chunk().await {
         if first.is_none() && first_event(&mut seen, &chunk) {
-            first = Some(t0.elapsed().as_secs_f64());
+            first = Some(Instant::now());
         }
     }
-    Some((first?, t0.elapsed().as_secs_f64()))
+    first.map_or(Answer::Failed, |f| Answer::Streamed(t0, f, Instant::now()))
 }
 
 /// Direct request `i` on a PD fleet at `at`: the same body, with the bootstrap fields of a pair
@@ -170,8 +205,10 @@ async fn send_pair(
     at: Instant,
     (sides, i): (&PdWorkers, usize),
     body: serde_json::Value,
-) -> Option<(f64, f64)> {
-    let (prefill, decode, room) = sides.direct_pair(i)?;
+) -> Answer {
+    let Some((prefill, decode, room)) = sides.direct_pair(i) else {
+        return Answer::Failed;
+    };
     let body = with_bootstrap(body, prefill, room);
     let prefill_leg = send_one(c.clone(), at, prefill.0.clone(), body.clone());
     let decode_leg = send_one(c, at, decode.clone(), body);
@@ -181,7 +218,8 @@ async fn send_pair(
 
 /// Sends every arrival at its (compressed) time and waits for all of them. A closed-loop
 /// session's turn ([`crate::workload::Turn`]) is sent instead once the previous turn's answer has
-/// streamed to its end, after the think time (compressed too); a turn that fails ends its session.
+/// streamed to its end, after the think time (compressed too); a turn that fails, or is refused
+/// once its client's retries (`LiveConfig::client_retries`) are spent, ends its session.
 pub(super) async fn drive(
     cfg: &LiveConfig,
     client: &reqwest::Client,
@@ -205,6 +243,7 @@ pub(super) async fn drive(
                 url: target(s, i, a, engines, routers),
                 body: body(a, i, (openai_model, cfg.adapter_field)),
                 pair: pd.filter(|_| a.direct).cloned(),
+                retries: cfg.client_retries,
                 floor,
                 later_tokens: a.output_tokens.saturating_sub(1),
             })
@@ -223,28 +262,39 @@ pub(super) async fn drive(
             start + Duration::from_secs_f64(arrivals[first].t / k),
         );
         tasks.push(tokio::spawn(async move {
-            let (mut at, mut done) = (at, Vec::with_capacity(chain.len()));
+            let (mut at, mut m) = (at, Measured::default());
+            let turns = chain.len();
             for (turn, (r, think)) in chain.into_iter().enumerate() {
                 if turn > 0 {
                     at = Instant::now() + Duration::from_secs_f64(think / k);
                 }
                 let arrived = at.saturating_duration_since(start).as_secs_f64() * k;
-                let Some(d) = r.send(c.clone(), at, arrived, k).await else {
-                    break;
-                };
-                done.push(d);
+                match r.send(c.clone(), at, arrived, k, &mut m).await {
+                    Some(d) => m.done.push(d),
+                    None => {
+                        m.abandoned += turns - turn - 1;
+                        break;
+                    }
+                }
             }
-            done
+            m
         }));
     }
-    let (n, mut measured) = (tasks.len(), Measured::new());
+    let (n, mut measured) = (tasks.len(), Measured::default());
     for (j, t) in tasks.into_iter().enumerate() {
-        measured.extend(t.await.ok().into_iter().flatten());
+        if let Ok(m) = t.await {
+            measured.done.extend(m.done);
+            measured.retried += m.retried;
+            measured.refused += m.refused;
+            measured.abandoned += m.abandoned;
+        }
         if j % 200 == 0 {
             progress(&format!("{label}: {j}/{n} sessions done"));
         }
     }
-    measured.sort_by(|a, b| a.arrived.total_cmp(&b.arrived));
+    measured
+        .done
+        .sort_by(|a, b| a.arrived.total_cmp(&b.arrived));
     measured
 }
 
@@ -254,24 +304,59 @@ struct Request {
     url: String,
     body: serde_json::Value,
     pair: Option<PdWorkers>,
+    /// How many times its client sends it again after a 429.
+    retries: u32,
     floor: f64,
     later_tokens: u64,
 }
 
 impl Request {
-    /// Sends it at `at` (trace time `arrived`); its figures in trace seconds (× `k`).
-    async fn send(self, c: reqwest::Client, at: Instant, arrived: f64, k: f64) -> Option<Done> {
-        let (ttft, e2e) = match self.pair {
-            Some(sides) => send_pair(c, at, (&sides, self.i), self.body).await,
-            None => send_one(c, at, self.url, self.body).await,
-        }?;
-        Some(Done {
-            arrived,
-            ttft: ttft * k,
-            e2e: e2e * k,
-            floor: self.floor,
-            tpot: (self.later_tokens > 0).then(|| (e2e - ttft) * k / self.later_tokens as f64),
-        })
+    /// Sends it at `at` (trace time `arrived`), again after each 429 while its retries last
+    /// (counted in `m`); its figures in trace seconds (× `k`), its TTFT from the first attempt.
+    /// `None`: it failed or was refused for good.
+    async fn send(
+        mut self,
+        c: reqwest::Client,
+        at: Instant,
+        arrived: f64,
+        k: f64,
+        m: &mut Measured,
+    ) -> Option<Done> {
+        let (mut attempt_at, mut first_sent) = (at, None);
+        for retry in 0..=self.retries {
+            // The body is copied only while a retry may still need it.
+            let body = match retry < self.retries {
+                true => self.body.clone(),
+                false => std::mem::take(&mut self.body),
+            };
+            let answer = match &self.pair {
+                Some(sides) => send_pair(c.clone(), attempt_at, (sides, self.i), body).await,
+                None => send_one(c.clone(), attempt_at, self.url.clone(), body).await,
+            };
+            match answer {
+                Answer::Streamed(sent, first, end) => {
+                    let sent = *first_sent.get_or_insert(sent);
+                    let (ttft, e2e) = (first - sent, end - sent);
+                    let (ttft, e2e) = (ttft.as_secs_f64(), e2e.as_secs_f64());
+                    return Some(Done {
+                        arrived,
+                        ttft: ttft * k,
+                        e2e: e2e * k,
+                        floor: self.floor,
+                        tpot: (self.later_tokens > 0)
+                            .then(|| (end - first).as_secs_f64() * k / self.later_tokens as f64),
+                    });
+                }
+                Answer::Refused(sent, retry_after) if retry < self.retries => {
+                    first_sent.get_or_insert(sent);
+                    m.retried += 1;
+                    attempt_at = Instant::now() + retry_delay(retry_after, retry);
+                }
+                Answer::Refused(..) => m.refused += 1,
+                Answer::Failed => return None,
+            }
+        }
+        None
     }
 }
 
@@ -325,13 +410,133 @@ mod tests {
             conn.write_all(rest.as_bytes()).await.unwrap();
         });
         let body = serde_json::json!({ "stream": true });
-        let (ttft, e2e) = send_one(reqwest::Client::new(), Instant::now(), url, body)
-            .await
-            .expect("the stream had an event");
+        let Answer::Streamed(sent, first, end) =
+            send_one(reqwest::Client::new(), Instant::now(), url, body).await
+        else {
+            panic!("the stream had an event");
+        };
         // The comment came at once; the first event no sooner than `gap` later.
-        assert!(ttft >= gap.as_secs_f64(), "{ttft}");
-        assert!(e2e >= ttft);
+        assert!(first - sent >= gap, "{:?}", first - sent);
+        assert!(end >= first);
         server.await.unwrap();
+    }
+
+    /// A loopback server that refuses the first `refusals` requests with 429 and `Retry-After:
+    /// 1`, then streams one event; one request per connection. When each request came in.
+    async fn refusing_server(
+        refusals: usize,
+        requests: usize,
+    ) -> (String, tokio::task::JoinHandle<Vec<Instant>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut came = Vec::new();
+            for k in 0..requests {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let (mut buf, mut got) = (vec![0u8; 65536], Vec::new());
+                while !got.ends_with(b"}") {
+                    let n = conn.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the client closed early");
+                    got.extend_from_slice(&buf[..n]);
+                }
+                came.push(Instant::now());
+                let reply = match k < refusals {
+                    true => {
+                        "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\nconnection: close\r\n\
+                             content-length: 0\r\n\r\n"
+                            .to_string()
+                    }
+                    false => {
+                        let data = "data: {}\n\ndata: [DONE]\n\n";
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                             connection: close\r\ncontent-length: {}\r\n\r\n{data}",
+                            data.len()
+                        )
+                    }
+                };
+                conn.write_all(reply.as_bytes()).await.unwrap();
+            }
+            came
+        });
+        (url, server)
+    }
+
+    /// A session of two turns through a server whose first answer is 429 (`Retry-After: 1`).
+    async fn two_turns_after_a_refusal(retries: u32) -> (Measured, Vec<Instant>) {
+        // The 429; with retries, the retry and the second turn too.
+        let (url, server) = refusing_server(1, if retries == 0 { 1 } else { 3 }).await;
+        let turn = |index: u32| Arrival {
+            t: 0.0,
+            prompt_tokens: 8,
+            output_tokens: 2,
+            stream: true,
+            direct: false,
+            prompt: None,
+            model: None,
+            turn: Some(crate::workload::Turn {
+                session: 4,
+                index,
+                think_s: 0.0,
+            }),
+        };
+        let cfg = LiveConfig {
+            exe: Default::default(),
+            scenario: crate::scenario::by_name("s0").unwrap(),
+            seed: 1,
+            load: 1.0,
+            time_scale: 1.0,
+            duration_s: 1.0,
+            variants: Vec::new(),
+            adapter_field: AdapterField::default(),
+            pd_prefill: None,
+            burst: None,
+            client_retries: retries,
+        };
+        let fleet = [url];
+        let arrivals = [turn(0), turn(1)];
+        let traffic = (&arrivals[..], None);
+        let m = drive(
+            &cfg,
+            &reqwest::Client::new(),
+            traffic,
+            (&fleet, &fleet, None),
+            &mut |_| {},
+            "t",
+        )
+        .await;
+        (m, server.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_refused_turn_ends_its_session_unless_the_client_retries_after_retry_after() {
+        let (gave_up, _) = two_turns_after_a_refusal(0).await;
+        assert_eq!(
+            (
+                gave_up.done.len(),
+                gave_up.refused,
+                gave_up.retried,
+                gave_up.abandoned
+            ),
+            (0, 1, 0, 1),
+            "refused, and the session's second turn never sent"
+        );
+        let (retried, came) = two_turns_after_a_refusal(2).await;
+        assert_eq!(
+            (
+                retried.done.len(),
+                retried.refused,
+                retried.retried,
+                retried.abandoned
+            ),
+            (2, 0, 1, 0)
+        );
+        let waited = (came[1] - came[0]).as_secs_f64();
+        assert!(waited >= 1.0, "the retry came {waited} s after the 429");
+        // The retried turn's TTFT counts from its first attempt.
+        assert!(retried.done[0].ttft >= 1.0, "{}", retried.done[0].ttft);
+        assert!(retried.done[1].ttft < 1.0);
     }
 
     #[tokio::test]
@@ -391,6 +596,7 @@ mod tests {
             adapter_field: AdapterField::default(),
             pd_prefill: None,
             burst: None,
+            client_retries: 0,
         };
         let fleet = [url];
         let measured = drive(
@@ -408,8 +614,8 @@ mod tests {
             gap >= answer.as_secs_f64() + think_s,
             "turn 1 came {gap} s after turn 0"
         );
-        assert_eq!(measured.len(), 2);
-        assert!(measured[1].arrived >= answer.as_secs_f64() + think_s);
+        assert_eq!(measured.done.len(), 2);
+        assert!(measured.done[1].arrived >= answer.as_secs_f64() + think_s);
     }
 
     #[test]
