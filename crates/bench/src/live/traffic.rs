@@ -421,11 +421,12 @@ mod tests {
         server.await.unwrap();
     }
 
-    /// A loopback server that refuses the first `refusals` requests with 429 and `Retry-After:
-    /// 1`, then streams one event; one request per connection. When each request came in.
-    async fn refusing_server(
-        refusals: usize,
-        requests: usize,
+    /// A loopback server, one request per connection: the first `refusals` get 429 with
+    /// `Retry-After: 1` at once, the rest one streamed event `answer` after they were read. When
+    /// each of its `requests` came in.
+    async fn loopback_server(
+        (refusals, requests): (usize, usize),
+        answer: Duration,
     ) -> (String, tokio::task::JoinHandle<Vec<Instant>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -441,14 +442,13 @@ mod tests {
                     got.extend_from_slice(&buf[..n]);
                 }
                 came.push(Instant::now());
+                let data = "data: {}\n\ndata: [DONE]\n\n";
                 let reply = match k < refusals {
-                    true => {
-                        "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\nconnection: close\r\n\
-                             content-length: 0\r\n\r\n"
-                            .to_string()
-                    }
+                    true => "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\n\
+                             connection: close\r\ncontent-length: 0\r\n\r\n"
+                        .to_string(),
                     false => {
-                        let data = "data: {}\n\ndata: [DONE]\n\n";
+                        tokio::time::sleep(answer).await;
                         format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                              connection: close\r\ncontent-length: {}\r\n\r\n{data}",
@@ -463,12 +463,10 @@ mod tests {
         (url, server)
     }
 
-    /// A session of two turns through a server whose first answer is 429 (`Retry-After: 1`).
-    async fn two_turns_after_a_refusal(retries: u32) -> (Measured, Vec<Instant>) {
-        // The 429; with retries, the retry and the second turn too.
-        let (url, server) = refusing_server(1, if retries == 0 { 1 } else { 3 }).await;
-        let turn = |index: u32| Arrival {
-            t: 0.0,
+    /// Turn `index` of one session, nominally at `t`, after `think_s` of tool time.
+    fn session_turn(t: f64, index: u32, think_s: f64) -> Arrival {
+        Arrival {
+            t,
             prompt_tokens: 8,
             output_tokens: 2,
             stream: true,
@@ -476,11 +474,16 @@ mod tests {
             prompt: None,
             model: None,
             turn: Some(crate::workload::Turn {
-                session: 4,
+                session: 9,
                 index,
-                think_s: 0.0,
+                think_s,
             }),
-        };
+        }
+    }
+
+    /// Drives `arrivals` at time-scale 1 to `url` (as router and engine), the client retrying a
+    /// 429 `retries` times.
+    async fn drive_to(url: String, arrivals: &[Arrival], retries: u32) -> Measured {
         let cfg = LiveConfig {
             exe: Default::default(),
             scenario: crate::scenario::by_name("s0").unwrap(),
@@ -495,23 +498,26 @@ mod tests {
             client_retries: retries,
         };
         let fleet = [url];
-        let arrivals = [turn(0), turn(1)];
-        let traffic = (&arrivals[..], None);
-        let m = drive(
+        let traffic = (arrivals, None);
+        let client = reqwest::Client::new();
+        drive(
             &cfg,
-            &reqwest::Client::new(),
+            &client,
             traffic,
             (&fleet, &fleet, None),
             &mut |_| {},
             "t",
         )
-        .await;
-        (m, server.await.unwrap())
+        .await
     }
 
     #[tokio::test]
     async fn a_refused_turn_ends_its_session_unless_the_client_retries_after_retry_after() {
-        let (gave_up, _) = two_turns_after_a_refusal(0).await;
+        let arrivals = [session_turn(0.0, 0, 0.0), session_turn(0.0, 1, 0.0)];
+        // Without retries the server sees the 429'd request only.
+        let (url, server) = loopback_server((1, 1), Duration::ZERO).await;
+        let gave_up = drive_to(url, &arrivals, 0).await;
+        server.await.unwrap();
         assert_eq!(
             (
                 gave_up.done.len(),
@@ -522,7 +528,10 @@ mod tests {
             (0, 1, 0, 1),
             "refused, and the session's second turn never sent"
         );
-        let (retried, came) = two_turns_after_a_refusal(2).await;
+        // With retries: the 429, the retry, the second turn.
+        let (url, server) = loopback_server((1, 3), Duration::ZERO).await;
+        let retried = drive_to(url, &arrivals, 2).await;
+        let came = server.await.unwrap();
         assert_eq!(
             (
                 retried.done.len(),
@@ -541,73 +550,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_loop_turn_is_sent_after_the_previous_answer_and_the_think_time() {
-        // A loopback server that answers each request 200 ms after reading it, one per
-        // connection, and notes when each request came in.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        // Each answer comes 200 ms after its request. Open-loop, turn 1 would go 50 ms after
+        // turn 0, before turn 0 is answered.
         let (answer, think_s) = (Duration::from_millis(200), 0.3);
-        let server = tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut came = Vec::new();
-            for _ in 0..2 {
-                let (mut conn, _) = listener.accept().await.unwrap();
-                let (mut buf, mut got) = (vec![0u8; 65536], Vec::new());
-                while !got.ends_with(b"}") {
-                    let n = conn.read(&mut buf).await.unwrap();
-                    assert!(n > 0, "the client closed early");
-                    got.extend_from_slice(&buf[..n]);
-                }
-                came.push(Instant::now());
-                tokio::time::sleep(answer).await;
-                let data = "data: {}\n\ndata: [DONE]\n\n";
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\
-                     content-length: {}\r\n\r\n{data}",
-                    data.len()
-                );
-                conn.write_all(reply.as_bytes()).await.unwrap();
-            }
-            came
-        });
-        let turn = |t: f64, index: u32| Arrival {
-            t,
-            prompt_tokens: 8,
-            output_tokens: 2,
-            stream: true,
-            direct: false,
-            prompt: None,
-            model: None,
-            turn: Some(crate::workload::Turn {
-                session: 9,
-                index,
-                think_s,
-            }),
-        };
-        // Open-loop, turn 1 would go 50 ms after turn 0, before turn 0 is answered.
-        let arrivals = [turn(0.0, 0), turn(0.05, 1)];
-        let cfg = LiveConfig {
-            exe: Default::default(),
-            scenario: crate::scenario::by_name("s0").unwrap(),
-            seed: 1,
-            load: 1.0,
-            time_scale: 1.0,
-            duration_s: 1.0,
-            variants: Vec::new(),
-            adapter_field: AdapterField::default(),
-            pd_prefill: None,
-            burst: None,
-            client_retries: 0,
-        };
-        let fleet = [url];
-        let measured = drive(
-            &cfg,
-            &reqwest::Client::new(),
-            (&arrivals, None),
-            (&fleet, &fleet, None),
-            &mut |_| {},
-            "test",
-        )
-        .await;
+        let (url, server) = loopback_server((0, 2), answer).await;
+        let arrivals = [
+            session_turn(0.0, 0, think_s),
+            session_turn(0.05, 1, think_s),
+        ];
+        let measured = drive_to(url, &arrivals, 0).await;
         let came = server.await.unwrap();
         let gap = (came[1] - came[0]).as_secs_f64();
         assert!(
