@@ -18,7 +18,8 @@
 //!   time (production's poll period) the head is re-priced on the replica's current book and
 //!   cache; while the head passes the gate it is dispatched and the next becomes head. An entry
 //!   still queued `timeout_ms` after it arrived is refused (deadlines are in FIFO order, so only
-//!   the head can be due), and retried as in reject mode (`Retry-After: 1`, as production sends). As in production, a new arrival that passes the gate is admitted at
+//!   the head can be due), and retried as in reject mode (`Retry-After: 1`, as production
+//!   sends). As in production, a new arrival that passes the gate is admitted at
 //!   once, ahead of the queue. Its TTFT counts from its arrival, queue time included.
 
 pub use loadlink_router::admission::rules::{gate, open, pick};

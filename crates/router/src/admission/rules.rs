@@ -237,7 +237,8 @@ impl Refusal {
 pub enum Gate {
     /// Some worker may take it now: pick (with [`pick`]) and count the dispatch.
     Admit,
-    /// Refused at once; the best predicted TTFT (s), for `Retry-After` ([`retry_hint_s`]).
+    /// Refused at once; the best predicted TTFT (s) within the caps, else over the whole fleet
+    /// ([`fleet_best_ttft_s`]), for `Retry-After`.
     Refuse(Refusal, Option<f64>),
     /// Every worker is over a cap and the overload mode is `queue`: it may wait (if
     /// [`queue_has_room`]) until [`open`].
@@ -249,30 +250,30 @@ pub fn gate(view: &impl View, cfg: &AdmissionConfig, budget: Option<Duration>) -
     if let Some(limit) = budget {
         let best = Capped::new(view, cfg).best_ttft_s();
         if best.is_none_or(|s| s > limit.as_secs_f64()) {
-            return Gate::Refuse(Refusal::SloUnreachable, retry_hint_s(view, cfg));
+            let hint = best.or_else(|| fleet_best_ttft_s(view));
+            return Gate::Refuse(Refusal::SloUnreachable, hint);
         }
     }
     if open(view, cfg) {
         return Gate::Admit;
     }
     match cfg.overload {
-        Overload::Reject => Gate::Refuse(Refusal::Overloaded, retry_hint_s(view, cfg)),
+        // No worker is within the caps: the hint is the fleet's.
+        Overload::Reject => Gate::Refuse(Refusal::Overloaded, fleet_best_ttft_s(view)),
         Overload::Queue { .. } => Gate::Wait,
     }
 }
 
-/// What a refusal's `Retry-After` is computed from: the least predicted TTFT within the caps,
-/// or, when every worker is over them (an overload refusal always is), over every available
-/// worker: roughly when the soonest queue will have drained. (Taken within the caps only, it was
-/// `None` on every overload refusal, and every client was told to retry after one second.)
-pub fn retry_hint_s(view: &impl View, cfg: &AdmissionConfig) -> Option<f64> {
-    let capped = Capped::new(view, cfg);
-    capped.best_ttft_s().or_else(|| {
-        (0..view.len())
-            .filter(|&i| view.available(i))
-            .map(|i| capped.predictor.predicted_ttft_s(view, i))
-            .min_by(f64::total_cmp)
-    })
+/// A refusal's `Retry-After` hint when no worker is within the caps (an overload refusal always;
+/// an unreachable budget sometimes): the least predicted TTFT over every available worker,
+/// roughly when the soonest queue will have drained. (Taken within the caps, it was `None` on
+/// every overload refusal, and every client was told to retry after one second.)
+fn fleet_best_ttft_s(view: &impl View) -> Option<f64> {
+    let predictor = MinTtft::default();
+    (0..view.len())
+        .filter(|&i| view.available(i))
+        .map(|i| predictor.predicted_ttft_s(view, i))
+        .min_by(f64::total_cmp)
 }
 
 /// Whether some worker of `view` is within the caps (always, without caps).
